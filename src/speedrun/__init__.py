@@ -1,0 +1,21 @@
+"""speedrun: train neural networks as fast as the hardware allows, and prove it.
+
+Public API:
+    speedrun.train(recipe="cifar10-94", dataset="cifar10", device="auto", epochs=None, runs=1, seed=0,
+                   **config_overrides) -> Result
+Nothing here runs at import time; torch is imported only when train() is called.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["train", "Result", "RECIPES"]
+
+
+def __getattr__(name: str):
+    # Lazy re-exports: `import speedrun` (and `speedrun --help`) stay fast and import no torch.
+    if name in ("train", "Result", "RECIPES"):
+        from speedrun import runs
+
+        return getattr(runs, name)
+    raise AttributeError(f"module 'speedrun' has no attribute {name!r}")

@@ -1,0 +1,106 @@
+"""Typed configs: `--set key=value` parsing and validation.
+
+A recipe's config is a dataclass whose field types are plain: bool, int, float, str, a Literal of strings, or a
+tuple of ints. Overrides are parsed against those types; an unknown key or a value of the wrong type raises a
+one-line ValueError that names the key and the fix (STYLE.md habit 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+
+def _field_types(cfg_cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cfg_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
+
+
+def _describe(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + "|".join(map(str, get_args(tp)))
+    if get_origin(tp) is tuple:
+        return "comma-separated ints, e.g. 64,256,256"
+    return getattr(tp, "__name__", str(tp))
+
+
+def parse_value(key: str, text: str, tp: Any) -> Any:
+    """Parse the string `text` as a value of type `tp` for field `key`."""
+    bad = ValueError(f"--set {key}={text}: expected {_describe(tp)}")
+    if tp is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"--set {key}={text}: expected a boolean (true/false)")
+    if tp is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise bad from None
+    if tp is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise bad from None
+    if tp is str:
+        return text
+    if get_origin(tp) is Literal:
+        if text in get_args(tp):
+            return text
+        raise bad
+    if get_origin(tp) is tuple:
+        try:
+            return tuple(int(v) for v in text.replace("(", "").replace(")", "").split(",") if v.strip())
+        except ValueError:
+            raise bad from None
+    raise AssertionError(f"config field {key} has an unsupported type {tp}")
+
+
+def check_value(key: str, value: Any, tp: Any) -> Any:
+    """Validate a Python value given through the API (not a string): the same rules as the CLI."""
+    if isinstance(value, str) and tp is not str and get_origin(tp) is not Literal:
+        return parse_value(key, value, tp)
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }
+    if tp in ok:
+        if not ok[tp](value):
+            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+        return float(value) if tp is float else value
+    if get_origin(tp) is Literal:
+        if value not in get_args(tp):
+            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+        return value
+    if get_origin(tp) is tuple:
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) for v in value):
+            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+        return tuple(value)
+    raise AssertionError(f"config field {key} has an unsupported type {tp}")
+
+
+def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """A copy of dataclass `cfg` with `overrides` applied; string values are parsed by the field's type."""
+    types = _field_types(type(cfg))
+    changes = {}
+    for key, value in overrides.items():
+        if key not in types:
+            raise ValueError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(types))}")
+        changes[key] = check_value(key, value, types[key])
+    return dataclasses.replace(cfg, **changes)
+
+
+def parse_set_args(items: list[str]) -> dict[str, str]:
+    """["lr=0.1", "flip=none"] -> {"lr": "0.1", "flip": "none"}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set batch_size=512")
+        out[key.strip()] = value.strip()
+    return out

@@ -1,0 +1,108 @@
+"""The small shared pieces recipes call: device choice, seeding, the timer, evaluation.
+
+No training loop lives here (STYLE.md habit 2): each recipe writes its own loop out.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from speedrun.data.loader import normalize
+from speedrun.tricks.tta import tta_logits
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" picks CUDA, then Apple's MPS, then the CPU. An unavailable explicit choice is a ValueError."""
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if _mps_available() else torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available to this torch ({torch.__version__}); "
+                         "use --device cpu or --device auto")
+    if name == "mps" and not _mps_available():
+        raise ValueError("--device mps: Apple MPS is not available here; use --device cpu or --device auto")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class Timer:
+    """Accumulates the seconds spent in timed regions, with device synchronization.
+
+    On CUDA each region is bracketed by CUDA events (the GPU's own clock, as airbench times) and synchronized
+    at its end; elsewhere by synchronize + perf_counter. Work queued before `start` is drained first so it is
+    not charged to the region.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds = 0.0
+        self._start: float | torch.cuda.Event | None = None
+
+    def start(self) -> None:
+        assert self._start is None, "Timer.start called twice"
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        """Ends the region; returns the total seconds so far."""
+        assert self._start is not None, "Timer.stop without start"
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            self.seconds += self._start.elapsed_time(end) / 1000
+        else:
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - self._start
+        self._start = None
+        return self.seconds
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
+             std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,
+             batch_size: int = 2000, autocast=None) -> float:
+    """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device."""
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=images.device)
+    for start in range(0, len(images), batch_size):
+        x = normalize(images[start:start + batch_size], mean, std, dtype, channels_last)
+        if autocast is None:
+            logits = tta_logits(model, x, tta_level)
+        else:
+            with autocast():
+                logits = tta_logits(model, x, tta_level)
+        correct += (logits.argmax(1) == labels[start:start + batch_size]).sum()
+    model.train(was_training)
+    return correct.item() / len(images)

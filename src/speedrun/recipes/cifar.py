@@ -1,0 +1,292 @@
+"""CIFAR speedrun recipes: airbench-class networks trained to 94%, 95% and 96% on CIFAR-10 in seconds.
+
+Target and claim (STYLE.md habit 1):
+  cifar10-94       94% mean test accuracy (with TTA). Descends from airbench94 (Jordan, arXiv 2404.00498:
+                   94.01%, n=1000, 3.83 s on an A100), itself from hlb-CIFAR10 and Page's ResNet-9 posts.
+  cifar10-94-muon  the same target with Muon on the conv filters (airbench94_muon: 2.59 s, A100).
+  cifar10-95       airbench95's widths and schedule (95.01%, n=200, 10.4 s, A100).
+  cifar10-96       airbench96 (improved): three convs per group with a residual, translate 4 + cutout 12
+                   (96.03%, 34.7 s, A100).
+  Measured here: see BENCHMARKS.md (CPU learning checks so far; the GPU comparison against airbench on the
+  same device is still to be run).
+
+Everything is written from the published descriptions; each trick is a named function in speedrun/tricks/ and
+a field of CifarConfig, so every trick is an ablation axis (`--set lookahead=false`).
+
+Timed region (as airbench): from the patch-whitening initialization to the end of the TTA evaluation, with
+device synchronization. Data loading, the upload to the device, per-epoch evaluations for the table and the
+compile warm-up run are outside it and reported separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from speedrun.data.dataset import Dataset
+from speedrun.data.loader import DeviceLoader, channel_stats, normalize
+from speedrun.engine import Timer, evaluate, seed_everything, synchronize
+from speedrun.models import CifarNet
+from speedrun.tricks.decoupled_sgd import decoupled_sgd
+from speedrun.tricks.label_smoothing import cross_entropy
+from speedrun.tricks.lookahead import Lookahead, lookahead_decay
+from speedrun.tricks.muon import Muon
+from speedrun.tricks.precision import autocast, maybe_compile, resolve_precision, to_channels_last
+from speedrun.tricks.schedule import triangle
+from speedrun.tricks.whitening import patch_whitening_init_
+
+
+@dataclass(frozen=True)
+class CifarConfig:
+    target_accuracy: float = 0.94  # fraction; the share of runs reaching it is reported
+    # Schedule
+    batch_size: int = 1024
+    epochs: float = 9.9  # fractional epochs count steps exactly: ceil(epochs * N / batch_size)
+    # Augmentation (speedrun/data/augment.py)
+    flip: Literal["none", "random", "alternating"] = "alternating"
+    translate_px: int = 2  # random shift with reflect padding, in pixels
+    cutout_px: int = 0  # side of the zeroed square; 0 = off
+    cutmix_px: int = 0  # side of the pasted square; 0 = off
+    # Network (speedrun/models/cifar_net.py)
+    widths: tuple[int, ...] = (64, 256, 256)
+    convs_per_group: int = 2  # 3 = airbench96's residual groups
+    activation: Literal["gelu", "relu", "silu", "celu"] = "gelu"
+    logit_scale: float = 1 / 9  # scaled logits: the head's output is multiplied by this
+    bn_momentum: float = 0.4  # PyTorch convention (weight of the new batch); airbench writes 0.6
+    bn_eps: float = 1e-12
+    bn_scale_frozen: bool = True  # BN scales fixed at 1, only biases learn
+    dirac_init: bool = True  # identity init of 3x3 convs (tricks/identity_init.py)
+    # Patch whitening (tricks/whitening.py)
+    whiten_init: bool = True  # off: PyTorch's default init, weights still frozen
+    whiten_kernel_px: int = 2
+    whiten_eps: float = 5e-4
+    whiten_images: int = 5000  # training images whose patches set the covariance
+    whiten_bias_epochs: float = 3.0  # the first conv's bias learns for this many epochs, then freezes
+    # Loss and averaging
+    label_smoothing: float = 0.2
+    lookahead: bool = True
+    lookahead_every_steps: int = 5
+    lookahead_base: float = 0.95
+    tta_level: int = 2  # 0 none, 1 mirror, 2 mirror + 1-px translate (tricks/tta.py)
+    # Optimizer: "sgd" = decoupled Nesterov SGD on everything; "muon" = Muon on conv filters + SGD on the rest
+    optimizer: Literal["sgd", "muon"] = "sgd"
+    lr_per_1024: float = 11.5  # lr per 1024 examples (tricks/decoupled_sgd.py)
+    weight_decay_per_1024: float = 0.0153
+    momentum: float = 0.85
+    bias_lr_mult: float = 64.0  # BN biases (and the whitening bias) learn this much faster; no wd change
+    lr_start_mult: float = 0.2  # triangular schedule (tricks/schedule.py)
+    lr_peak_frac: float = 0.23
+    lr_end_mult: float = 0.07
+    muon_lr: float = 0.24
+    muon_momentum: float = 0.6
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 3
+    muon_bias_lr: float = 0.053  # PyTorch lr (summed loss) of whitening/BN biases under Muon
+    muon_head_lr: float = 0.67
+    muon_weight_decay_per_example: float = 2e-6  # times batch_size, per step
+    # System (tricks/precision.py)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
+    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA
+    compile: bool = False
+    compile_mode: str = "max-autotune-no-cudagraphs"
+    eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
+    eval_batch_size: int = 2000
+
+    def validate(self) -> None:
+        checks = [
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.epochs > 0, "epochs must be > 0"),
+            (len(self.widths) >= 1 and min(self.widths) >= 1, "widths must be positive, e.g. 64,256,256"),
+            (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3"),
+            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (0 <= self.momentum < 1 and 0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
+            (self.lookahead_every_steps >= 1, "lookahead_every_steps must be >= 1"),
+            (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
+            (self.whiten_kernel_px >= 1 and self.whiten_images >= 1, "whiten_kernel_px/whiten_images >= 1"),
+            (self.eval_batch_size >= 1, "eval_batch_size must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"bad config: {message}")
+
+
+def cifar10_94() -> CifarConfig:
+    return CifarConfig()
+
+
+def cifar10_94_muon() -> CifarConfig:
+    # airbench94_muon (REFERENCES.md): batch 2000, 8 epochs, lrs decay linearly to 0, no Lookahead,
+    # head output divided by its width.
+    return dataclasses.replace(CifarConfig(), optimizer="muon", batch_size=2000, epochs=8.0, lookahead=False,
+                               lr_start_mult=1.0, lr_peak_frac=0.0, lr_end_mult=0.0, logit_scale=1 / 256)
+
+
+def cifar10_95() -> CifarConfig:
+    return dataclasses.replace(CifarConfig(), target_accuracy=0.95, widths=(128, 384, 384), epochs=15.0,
+                               lr_per_1024=10.0)
+
+
+def cifar10_96() -> CifarConfig:
+    return dataclasses.replace(CifarConfig(), target_accuracy=0.96, widths=(128, 384, 512), convs_per_group=3,
+                               epochs=37.0, lr_per_1024=9.0, weight_decay_per_1024=0.012, translate_px=4,
+                               cutout_px=12)
+
+
+@dataclass
+class RunResult:
+    seed: int
+    accuracy: float  # final test accuracy after TTA, fraction
+    train_seconds: float  # the timed region
+    epochs: float
+    steps: int
+    history: list[dict] = field(default_factory=list)  # one row per epoch
+    model: torch.nn.Module | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (the model is not serialized)."""
+        return {"seed": self.seed, "accuracy": self.accuracy, "train_seconds": self.train_seconds,
+                "epochs": self.epochs, "steps": self.steps, "history": self.history}
+
+
+def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
+    """Parameter groups as airbench: BN biases and the whitening bias get the bias lr, the rest the base lr."""
+    biases = [model.whiten.bias] + [p for n, p in model.named_parameters() if "norms" in n and p.requires_grad]
+    filters = [p for n, p in model.named_parameters() if "convs" in n]
+    head = [model.head.weight]
+    if cfg.optimizer == "sgd":
+        return [decoupled_sgd([{"params": biases, "lr_mult": cfg.bias_lr_mult},
+                               {"params": filters + head, "lr_mult": 1.0}],
+                              lr_per_1024=cfg.lr_per_1024, weight_decay_per_1024=cfg.weight_decay_per_1024,
+                              momentum=cfg.momentum, batch_size=cfg.batch_size)]
+    wd = cfg.muon_weight_decay_per_example * cfg.batch_size
+    sgd = torch.optim.SGD([{"params": biases, "lr": cfg.muon_bias_lr, "weight_decay": wd / cfg.muon_bias_lr},
+                           {"params": head, "lr": cfg.muon_head_lr, "weight_decay": wd / cfg.muon_head_lr}],
+                          momentum=cfg.momentum, nesterov=True)
+    muon = Muon(filters, lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
+                ns_steps=cfg.muon_ns_steps)
+    for opt in (sgd, muon):
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return [sgd, muon]
+
+
+def _epoch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+               seconds: float) -> dict:
+    """One row of the per-epoch table; train loss/accuracy are those of the last batch (as airbench)."""
+    labels = targets if targets.ndim == 1 else targets.argmax(1)
+    return {"epoch": round(epoch, 4), "step": step, "train_loss": loss.item() / len(labels),
+            "train_acc": (logits.argmax(1) == labels).float().mean().item(), "val_acc": None,
+            "train_seconds": seconds}
+
+
+def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
+              on_step: Callable[[int, int], None] | None = None,
+              on_epoch: Callable[[dict], None] | None = None) -> RunResult:
+    """One training run of `cfg` on `data`; returns the final TTA accuracy and the timed seconds.
+
+    shuffle_labels: train on permuted labels (the untimed compile/autotune warm-up run, as airbench does).
+    """
+    cfg.validate()
+    seed_everything(seed)
+    precision = resolve_precision(cfg.precision, device)
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    in_channels, _, _ = data.image_shape
+
+    # Untimed: statistics, upload, model construction.
+    mean, std = channel_stats(data.train_images)
+    train_labels = data.train_labels
+    if shuffle_labels:
+        train_labels = train_labels[torch.randperm(len(train_labels), generator=torch.Generator().manual_seed(seed))]
+    loader = DeviceLoader(data.train_images, train_labels, batch_size=cfg.batch_size, epochs=cfg.epochs,
+                          num_classes=data.num_classes, device=device, mean=mean, std=std, dtype=dtype,
+                          channels_last=channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
+                          cutout_px=cfg.cutout_px, cutmix_px=cfg.cutmix_px, seed=seed)
+    test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
+    model = CifarNet(in_channels, data.num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px,
+                     cfg.bn_momentum, cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale,
+                     cfg.activation).to(device)
+    model = to_channels_last(model, channels_last)
+    forward = maybe_compile(model, cfg.compile, cfg.compile_mode)
+    optimizers = build_optimizers(cfg, model)
+    total_steps = loader.steps
+
+    def amp():
+        return autocast(device, precision)
+
+    timer = Timer(device)
+    timer.start()  # ---- timed region: whitening init ... TTA evaluation ----
+    if cfg.whiten_init:
+        sample = normalize(loader.images[:cfg.whiten_images], mean, std, torch.float32)
+        patch_whitening_init_(model.whiten, sample, cfg.whiten_eps)
+    lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
+
+    history: list[dict] = []
+    step = 0
+    epoch_done = 0  # whole epochs completed, for the per-epoch table
+    model.train()
+    for inputs, targets in loader:
+        if model.whiten.bias.requires_grad and loader.epoch_at(step) >= cfg.whiten_bias_epochs:
+            model.whiten.bias.requires_grad_(False)
+        mult = triangle(step, total_steps, cfg.lr_start_mult, cfg.lr_peak_frac, cfg.lr_end_mult)
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * mult
+        with amp():
+            logits = forward(inputs)
+        loss = cross_entropy(logits, targets, cfg.label_smoothing)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        step += 1
+        if lookahead is not None and step % cfg.lookahead_every_steps == 0:
+            lookahead.update(model, lookahead_decay(step, total_steps, cfg.lookahead_base,
+                                                    cfg.lookahead_every_steps))
+        if on_step is not None:
+            on_step(step, total_steps)
+        if int(loader.epoch_at(step)) > epoch_done and step < total_steps:
+            epoch_done = int(loader.epoch_at(step))
+            timer.stop()  # the table's evaluation is not part of the timed region
+            row = _epoch_row(loader.epoch_at(step), step, loss, logits, targets, timer.seconds)
+            if cfg.eval_each_epoch:
+                row["val_acc"] = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,
+                                          channels_last=channels_last, tta_level=0,
+                                          batch_size=cfg.eval_batch_size, autocast=amp)
+            history.append(row)
+            if on_epoch is not None:
+                on_epoch(row)
+            timer.start()
+    if lookahead is not None:
+        lookahead.update(model, 1.0)  # final sync: the live net takes the averaged weights
+    accuracy = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,
+                        channels_last=channels_last, tta_level=cfg.tta_level, batch_size=cfg.eval_batch_size,
+                        autocast=amp)
+    train_seconds = timer.stop()  # ---- end of timed region ----
+    row = _epoch_row(loader.epoch_at(step), step, loss, logits, targets, train_seconds)
+    row["val_acc"] = accuracy  # the last row reports the final accuracy, with TTA
+    history.append(row)
+    if on_epoch is not None:
+        on_epoch(row)
+    return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
+                     steps=total_steps, history=history, model=model)
+
+
+def warmup(cfg: CifarConfig, data: Dataset, device: torch.device) -> float:
+    """An untimed run on shuffled labels, so torch.compile and cuDNN autotuning happen before the timed runs.
+
+    Returns its wall-clock seconds (reported as warm-up time). Skipped (0.0) on CPU without compile.
+    """
+    if device.type == "cpu" and not cfg.compile:
+        return 0.0
+    start = time.perf_counter()
+    train_run(cfg, data, device, seed=0, shuffle_labels=True)
+    synchronize(device)
+    return time.perf_counter() - start

@@ -1,0 +1,215 @@
+"""The results database: one self-describing JSON file per run, written atomically, never overwritten.
+
+A result records where it came from (STYLE.md habit 6): git commit and dirty flag, device and driver, torch/CUDA
+versions, then the config and metrics the caller adds. Tables and README records are generated from these files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_SUBPROCESS_TIMEOUT_S = 5.0  # a hung nvidia-smi or git (network filesystem, broken driver) must not stall a run
+
+
+def _run(args: list[str]) -> str | None:
+    """stdout of a command, or None if it is missing, fails or hangs: environment() only ever describes."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=_SUBPROCESS_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _git_state(directory: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the git work tree holding `directory`, or (None, None) outside one."""
+    # An installed copy (pip install .) has no history of its own, but git would walk up from site-packages and
+    # report whatever repository encloses the virtualenv, e.g. the user's project: that commit is not ours.
+    if any(part in ("site-packages", "dist-packages") for part in directory.parts):
+        return None, None
+    head = _run(["git", "-C", str(directory), "rev-parse", "HEAD"])
+    if head is None or not head.strip():
+        return None, None
+    status = _run(["git", "-C", str(directory), "status", "--porcelain"])
+    return head.strip(), (None if status is None else bool(status.strip()))
+
+
+def _cpu_name() -> str | None:
+    # platform.processor() is just "x86_64" on most Linux distributions; /proc/cpuinfo has the marketing name.
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def _device_name(device: torch.device) -> str | None:
+    if device.type == "cuda":
+        try:
+            return torch.cuda.get_device_name(device)
+        except (RuntimeError, AssertionError):  # CUDA not built in or no GPU visible: describe, do not fail
+            return None
+    if device.type == "mps":
+        return "Apple MPS"
+    if device.type == "cpu":
+        return _cpu_name()
+    return None
+
+
+def _gpu_driver() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    lines = [] if out is None else [line.strip() for line in out.splitlines() if line.strip()]
+    return lines[0] if lines else None  # one line per GPU; they share the driver
+
+
+def _speedrun_version() -> str:
+    try:
+        return importlib.metadata.version("speedrun")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout with PYTHONPATH=src
+        return "0+unknown"
+
+
+def environment(device: torch.device | str) -> dict:
+    """Facts that make a result reproducible and comparable. Never raises for a missing git or nvidia-smi."""
+    device = torch.device(device)
+    commit, dirty = _git_state(Path(__file__).resolve().parent)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "device_type": device.type,
+        "device_name": _device_name(device),
+        "cpu_threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "gpu_driver": _gpu_driver(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "speedrun_version": _speedrun_version(),
+        "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _to_json(obj):
+    """json.dump's default=: the non-JSON types results carry. Tuples need nothing: json writes them as lists."""
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)  # "torch.bfloat16", "cuda:0"
+    if isinstance(obj, (np.generic, np.ndarray, torch.Tensor)):
+        return obj.tolist()  # numpy scalars and 0-d tensors become Python numbers
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)  # configs and stats.Summary
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    raise TypeError(f"cannot store {type(obj).__name__} in a result JSON; convert it to str, number, list or dict")
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Write obj as JSON at path atomically: readers see the old file or the whole new one, never a part.
+
+    The temp file sits in the same directory because os.replace is atomic only within one filesystem; fsync
+    before the rename so a crash cannot leave the new name pointing at unwritten blocks (the ext4 delayed-
+    allocation lesson, see LWN "ext4 and data loss", 2009).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False, default=_to_json)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared and read by other users
+        os.replace(tmp, path)
+    except BaseException:  # KeyboardInterrupt too: never leave the temp file behind
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable; directories cannot be opened this way on Windows
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def _slug(text: str, what: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")
+    if not slug:
+        raise ValueError(f"{what} {text!r} has no usable characters for a file name; use letters, digits, _ . -")
+    return slug
+
+
+def default_result_path(recipe: str, dataset: str, root: str | Path | None = None) -> Path:
+    """A fresh results/YYYYmmdd-HHMMSS-<recipe>-<dataset>.json (UTC), claimed so no other run can take it.
+
+    root: $SPEEDRUN_RESULTS, else ./results. dataset may be a name or a path (its basename is used). If the name is
+    taken (two runs in one second), -2, -3, ... is appended. The claim is an empty file created with O_EXCL, which is
+    atomic even between processes; write_json later replaces it whole. An empty file therefore marks a run that
+    never finished, and load_result says so.
+    """
+    if root is None:
+        root = os.environ.get("SPEEDRUN_RESULTS") or "results"
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    dataset_name = os.path.basename(str(dataset).rstrip("/\\")) or str(dataset)
+    stem = "-".join([datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), _slug(recipe, "recipe"),
+                     _slug(dataset_name, "dataset")])
+    suffix = 1
+    while True:
+        candidate = root / (f"{stem}.json" if suffix == 1 else f"{stem}-{suffix}.json")
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            suffix += 1
+            continue
+        return candidate
+
+
+def load_result(path: str | Path) -> dict:
+    """A stored result as a dict; a truncated, empty or non-JSON file raises a one-line ValueError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a result JSON (not UTF-8 text: {e.reason}); "
+                         "remove it or pass a result file") from None
+    if not text.strip():
+        raise ValueError(f"{path}: empty result file (a claimed path whose run never finished); delete it or rerun")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                         f"the file is truncated or not a result, delete it or rerun") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: a result is a JSON object, found {type(obj).__name__}; pass a result file")
+    return obj

@@ -1,0 +1,29 @@
+"""Nesterov SGD with lr and weight decay expressed "per 1024 examples", decoupled from momentum and batch size
+(Page, "How to train your ResNet" part 5; airbench's hyperparameter convention).
+
+What: with a summed loss, Nesterov momentum mu multiplies the average step by 1 + 1/(1 - mu). So the lr a user
+states, `lr_per_1024`, becomes PyTorch's lr = lr_per_1024 / (1024 * (1 + 1/(1 - mu))). Weight decay is applied
+as a per-step shrink of wd_per_1024 * batch / (1024 * (1 + 1/(1 - mu)))... expressed to PyTorch as
+weight_decay = that / lr, so its strength does not change when the lr or bias multiplier do (it still
+follows the lr schedule, as PyTorch multiplies it by the scheduled lr).
+Why: each hyperparameter can then be tuned on its own; changing momentum or batch keeps the step size.
+Suggested: airbench94 lr 11.5, wd 0.0153, momentum 0.85, BN-bias lr x64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def decoupled_sgd(groups: list[dict], *, lr_per_1024: float, weight_decay_per_1024: float, momentum: float,
+                  batch_size: int) -> torch.optim.SGD:
+    """groups: [{"params": [...], "lr_mult": float}, ...]. Each group keeps its base lr in "initial_lr"."""
+    scale = 1024 * (1 + 1 / (1 - momentum))
+    lr = lr_per_1024 / scale
+    decay_per_step = weight_decay_per_1024 * batch_size / scale
+    param_groups = []
+    for g in groups:
+        group_lr = lr * g["lr_mult"]
+        param_groups.append({"params": g["params"], "lr": group_lr, "initial_lr": group_lr,
+                             "weight_decay": decay_per_step / group_lr})
+    return torch.optim.SGD(param_groups, momentum=momentum, nesterov=True)

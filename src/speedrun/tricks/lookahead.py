@@ -1,0 +1,32 @@
+"""Lookahead / EMA of the weights, copied back into the live network (Zhang et al. 2019, "Lookahead";
+airbench94's variant: -0.35 s to 94%; hlb-CIFAR10's "EMA copied back").
+
+What: every `every_steps` steps, the slow copy moves toward the live weights, ema <- decay*ema + (1-decay)*w,
+and the live weights are replaced by the slow copy. decay rises over the run as base**every * (step/total)**3,
+so it does nothing early (decay ~ 0) and averages strongly at the end; a final sync copies the average in.
+Why: averaging the last stretch of a high-lr run lands nearer the bottom of the valley than the last iterate.
+Suggested: every 5 steps, base 0.95 (airbench94). Interactions: not used with Muon in airbench94_muon.
+Covers every floating-point tensor of the state dict, BatchNorm running statistics included.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def lookahead_decay(step: int, total_steps: int, base: float = 0.95, every_steps: int = 5) -> float:
+    """The slow-weights decay at `step` of `total_steps` (airbench94's cubic ramp)."""
+    return base**every_steps * (step / total_steps) ** 3
+
+
+class Lookahead:
+    def __init__(self, model: nn.Module):
+        self.slow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, decay: float) -> None:
+        live = model.state_dict()
+        for name, slow in self.slow.items():
+            slow.lerp_(live[name], 1 - decay)
+            live[name].copy_(slow)

@@ -1,0 +1,98 @@
+import math
+
+import pytest
+import torch
+
+from speedrun.data.loader import DeviceLoader, channel_stats, normalize, steps_for
+
+
+def make(n=50, batch=8, epochs=3.0, **kw):
+    images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous()
+    labels = torch.arange(n) % 5
+    mean, std = torch.zeros(1), torch.ones(1)  # identity normalization (x / 255) keeps ids recoverable
+    loader = DeviceLoader(images, labels, batch_size=batch, epochs=epochs, num_classes=5,
+                          device=torch.device("cpu"), mean=mean, std=std, **kw)
+    return loader
+
+
+def ids(x):  # each image is constant = its index / 255
+    return (x[:, 0, 0, 0] * 255).round().long()
+
+
+@pytest.mark.parametrize("n,batch", [(50, 8), (48, 8), (10, 32)])
+def test_each_epoch_visits_every_example_exactly_once(n, batch):
+    loader = make(n=n, batch=batch, epochs=4.0, translate_px=0)
+    stream = torch.cat([ids(x) for x, _ in loader])
+    assert len(stream) == loader.steps * batch
+    for e in range(len(stream) // n):  # every whole epoch in the stream is a permutation
+        assert sorted(stream[e * n:(e + 1) * n].tolist()) == list(range(n))
+
+
+def test_labels_follow_their_images():
+    loader = make(epochs=2.0)
+    for x, y in loader:
+        assert torch.equal(y, ids(x) % 5)
+
+
+@pytest.mark.parametrize("epochs,expected", [(1.0, 7), (2.5, 16), (9.9, 62), (0.01, 1)])
+def test_fractional_epochs_give_the_exact_step_count(epochs, expected):
+    # 50 examples, batch 8: ceil(epochs * 50 / 8)
+    assert expected == math.ceil(round(epochs * 50, 6) / 8)
+    loader = make(epochs=epochs)
+    assert len(loader) == loader.steps == expected
+    assert sum(1 for _ in loader) == expected
+
+
+def test_step_count_is_not_fooled_by_float_error():
+    assert 1.1 * 100 != 110  # the float product is 110.00000000000001: a naive ceil gives 111 steps
+    assert steps_for(1.1, 100, 1) == 110
+    assert steps_for(9.9, 50000, 1024) == 484
+    with pytest.raises(ValueError):
+        steps_for(0, 10, 2)
+
+
+def test_deterministic_under_seed_and_different_across_seeds():
+    def stream(seed):
+        return torch.cat([x for x, _ in make(seed=seed, flip="alternating", translate_px=1)])
+    assert torch.equal(stream(3), stream(3))
+    assert not torch.equal(stream(3), stream(4))
+
+
+def test_alternating_flip_in_the_loader():
+    n = 16
+    images = torch.arange(n * 4, dtype=torch.uint8).view(n, 1, 1, 4).expand(n, 1, 2, 4).contiguous()
+    loader = DeviceLoader(images, torch.zeros(n, dtype=torch.int64), batch_size=n, epochs=3, num_classes=1,
+                          device=torch.device("cpu"), mean=torch.zeros(1), std=torch.ones(1), flip="alternating")
+    epochs = [(x[:, 0, 0] * 255).round().long() for x, _ in loader]  # (n, 4) per epoch
+    flipped = [(e[:, 0] > e[:, -1]) for e in epochs]
+    # sort by image to compare the same image across epochs (the first pixel identifies it)
+    per_image = [f[torch.argsort(e.min(1).values)] for f, e in zip(flipped, epochs)]
+    assert torch.equal(per_image[1], ~per_image[0]) and torch.equal(per_image[2], per_image[0])
+    assert 0 < int(per_image[0].sum()) < n
+
+
+def test_cutmix_yields_probability_targets():
+    loader = make(cutmix_px=2, epochs=1.0)
+    x, t = next(iter(loader))
+    assert t.shape == (8, 5) and t.dtype == torch.float32
+    assert torch.allclose(t.sum(1), torch.ones(8))
+
+
+def test_bad_settings_raise_value_errors():
+    with pytest.raises(ValueError, match="translate_px"):
+        make(translate_px=4)
+    with pytest.raises(ValueError, match="flip"):
+        make(flip="diagonal")
+    with pytest.raises(ValueError, match="batch_size"):
+        make(batch=0)
+
+
+def test_normalize_standardizes_with_channel_stats():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 3, 8, 8), generator=g, dtype=torch.uint8)
+    mean, std = channel_stats(x)
+    z = normalize(x, mean, std, torch.float32)
+    assert torch.allclose(z.mean((0, 2, 3)), torch.zeros(3), atol=1e-5)
+    assert torch.allclose(z.std((0, 2, 3)), torch.ones(3), atol=1e-3)
+    cl = normalize(x, mean, std, torch.float32, channels_last=True)
+    assert cl.is_contiguous(memory_format=torch.channels_last) and torch.equal(cl, z)
