@@ -135,17 +135,17 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     cfg = make_config(rec, epochs, overrides)
     dev = resolve_device(device)
     show = display.Display(verbose)
-    show.line(f"device: {dev.type} ({environment(dev)['device_name']})"
-              + (" -- chosen by --device auto" if device == "auto" else ""))
     dataset = dataset or rec.default_dataset
     start = time.perf_counter()
     data = load_dataset(dataset, data_dir=data_dir, log=show.line)
     data_seconds = time.perf_counter() - start
+    env = environment(dev)
+    show.line(f"device: {dev.type} ({env['device_name']})" + (" -- chosen by --device auto" if device == "auto" else ""))
     c, h, w = data.image_shape
     show.line(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, "
               f"{c}x{h}x{w}, {data.num_classes} classes ({data_seconds:.1f} s to load)")
     result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=[],
-                    environment=environment(dev), data_seconds=data_seconds)
+                    environment=env, data_seconds=data_seconds)
     try:
         result.warmup_seconds = rec.warmup(cfg, data, dev)
         if result.warmup_seconds:

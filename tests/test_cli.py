@@ -1,0 +1,77 @@
+"""The command line: one-line errors with exit code 2, and the JSON result contract."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from speedrun.cli import main
+
+TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs", "0.5",
+        "--set", "batch_size=32", "--set", "widths=8,16,16", "--set", "whiten_images=32"]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["train", "--epochs", "abc"], "expected a number"),
+    (["train", "--bogus"], "unrecognized arguments: --bogus"),
+    (["train", "--runs", "two"], "--runs"),
+    (["train", "no-such-recipe", *TINY], "unknown recipe 'no-such-recipe'"),
+    (["train", *TINY, "--set", "lr=1"], "unknown config key 'lr'"),
+    (["train", *TINY, "--set", "batch_size=x"], "--set batch_size=x: expected int"),
+    (["train", *TINY, "--set", "novalue"], "expected KEY=VALUE"),
+    (["train", *TINY, "--runs", "0"], "--runs must be >= 1"),
+    (["train", *TINY, "--epochs", "-1"], "--epochs must be > 0"),
+    (["train", "--dataset", "/nonexistent/data", "--device", "cpu"], "/nonexistent/data"),
+    (["train", "--dataset", "synthetic:colour=red", "--device", "cpu"], "colour"),
+    (["train", *TINY[:2], "--device", "tpu"], "--device must be one of"),
+])
+def test_user_errors_are_one_line_and_exit_2(argv, fragment, capsys, tmp_path):
+    try:
+        code = main([*argv, "--json", str(tmp_path / "r.json")])
+    except SystemExit as exc:  # argparse's own errors leave through SystemExit
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert fragment in err
+    assert err.count("\n") == 1 and err.startswith("speedrun")
+
+
+def test_cuda_requested_without_cuda_is_one_line(capsys, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # the error path only exists without it
+    assert main(["train", *TINY, "--device", "cuda", "--json", str(tmp_path / "r.json")]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_train_writes_the_json_contract(tmp_path):
+    out = tmp_path / "result.json"
+    assert main(["train", *TINY, "--runs", "2", "--seed", "3", "--json", str(out), "--quiet"]) == 0
+    result = json.loads(out.read_text())
+    for key in ("recipe", "dataset", "device", "mean_accuracy", "std_accuracy", "runs", "config", "environment"):
+        assert key in result
+    assert result["recipe"] == "cifar10-94" and result["device"] == "cpu"
+    assert [r["seed"] for r in result["runs"]] == [3, 4]
+    for run in result["runs"]:
+        assert 0 <= run["accuracy"] <= 1 and run["train_seconds"] > 0 and run["epochs"] == 0.5
+    accs = [r["accuracy"] for r in result["runs"]]
+    assert result["mean_accuracy"] == pytest.approx(sum(accs) / 2)
+    assert result["config"]["widths"] == [8, 16, 16]
+    assert result["environment"]["torch"]
+
+
+def test_console_script_runs_and_prints_tables(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "device: cpu" in proc.stderr and "run 1/1" in proc.stderr and "test acc %" in proc.stdout
+
+
+def test_python_api_returns_result_with_model():
+    import speedrun
+    result = speedrun.train("cifar10-94", "synthetic:train=64,test=16", device="cpu", epochs=0.5,
+                            batch_size=32, widths=(8, 8, 8), whiten_images=32)
+    assert result.recipe == "cifar10-94" and len(result.runs) == 1
+    assert 0 <= result.mean_accuracy <= 1 and result.std_accuracy == 0.0
+    assert result.model is not None and result.runs[0].train_seconds > 0
