@@ -161,6 +161,8 @@ def test_data_dir_with_archive(tmp_path, cache, monkeypatch):
     x, y = _expected(batches, b"labels")
     assert torch.equal(torch.cat([ds.train_images, ds.test_images]), x)
     assert torch.equal(torch.cat([ds.train_labels, ds.test_labels]), y)
+    # --data-dir may name the archive file itself.
+    assert torch.equal(load_dataset("cifar10", data_dir=archive, cache_dir=cache).train_images, ds.train_images)
     # The archive given as a path works too, and is named after what it holds.
     assert torch.equal(load_dataset(str(archive), cache_dir=cache).test_images, ds.test_images)
     assert load_dataset(str(archive), cache_dir=cache).name == "cifar10"

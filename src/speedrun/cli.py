@@ -7,6 +7,7 @@ exit with code 2; an interrupt exits 130 after saving the finished runs.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 EXIT_USAGE = 2
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     from speedrun import runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         json_path = args.json or runs.default_json_path(args.recipe, args.dataset)
         runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                    seed=args.seed, data_dir=args.data_dir, json_path=json_path, verbose=not args.quiet,
-                   **overrides)
+                   command=shlex.join(["speedrun", *argv]), **overrides)
     except (ValueError, FileNotFoundError) as exc:
         print(f"speedrun: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

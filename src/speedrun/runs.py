@@ -79,6 +79,7 @@ class Result:
     data_seconds: float = 0.0  # loading/decoding the dataset (untimed)
     warmup_seconds: float = 0.0  # the untimed warm-up run (compile, cuDNN autotune)
     interrupted: bool = False
+    command: str | None = None  # the exact command line, when run from the CLI
     model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
 
     @property
@@ -106,7 +107,7 @@ class Result:
         acc = summarize(self.accuracies)
         secs = summarize([r.train_seconds for r in self.runs])
         return {
-            "recipe": self.recipe, "dataset": self.dataset, "device": self.device,
+            "recipe": self.recipe, "dataset": self.dataset, "device": self.device, "command": self.command,
             "mean_accuracy": acc.mean, "std_accuracy": acc.std, "n": acc.n,
             "accuracy": acc.to_dict(), "train_seconds": secs.to_dict(),
             "target_accuracy": self.target_accuracy, "hit_rate": self.hit_rate,
@@ -121,7 +122,8 @@ class Result:
 
 def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
           epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | None = None,
-          json_path: str | Path | None = None, verbose: bool = False, **overrides: Any) -> Result:
+          json_path: str | Path | None = None, verbose: bool = False, command: str | None = None,
+          **overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `overrides` are config fields, e.g. train("cifar10-94", lookahead=False, batch_size=512).
@@ -145,7 +147,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     show.line(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, "
               f"{c}x{h}x{w}, {data.num_classes} classes ({data_seconds:.1f} s to load)")
     result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=[],
-                    environment=env, data_seconds=data_seconds)
+                    environment=env, data_seconds=data_seconds, command=command)
     try:
         result.warmup_seconds = rec.warmup(cfg, data, dev)
         if result.warmup_seconds:

@@ -78,6 +78,8 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
     remote = SOURCES[name]
     if data_dir is not None:
         root = Path(data_dir).expanduser()
+        if root.is_file():  # --data-dir may name the archive itself
+            return _load_found(_detect(root), cache_root, log, name=name, classes=remote.classes)
         if not root.is_dir():
             raise FileNotFoundError(f"data dir {root} does not exist; create it or fix --data-dir")
         found = _find_local(name, remote, root)

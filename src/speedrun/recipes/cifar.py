@@ -65,7 +65,7 @@ class CifarConfig:
     whiten_init: bool = True  # off: PyTorch's default init, weights still frozen
     whiten_kernel_px: int = 2
     whiten_eps: float = 5e-4
-    whiten_images: int = 5000  # training images whose patches set the covariance
+    whiten_images: int = 5000  # training images (a random sample) whose patches set the covariance
     whiten_bias_epochs: float = 3.0  # the first conv's bias learns for this many epochs, then freezes
     # Loss and averaging
     label_smoothing: float = 0.2
@@ -223,8 +223,10 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     timer = Timer(device)
     timer.start()  # ---- timed region: whitening init ... TTA evaluation ----
     if cfg.whiten_init:
-        sample = normalize(loader.images[:cfg.whiten_images], mean, std, torch.float32)
-        patch_whitening_init_(model.whiten, sample, cfg.whiten_eps)
+        # A random sample, not the first images: image folders list their files class by class.
+        pick = torch.randperm(loader.num_examples, generator=torch.Generator().manual_seed(seed))
+        sample = loader.images[pick[:cfg.whiten_images].to(device)]
+        patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps)
     lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
 
     history: list[dict] = []

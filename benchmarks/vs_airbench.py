@@ -1,0 +1,288 @@
+"""Our cifar10-94 recipe against airbench94, side by side on one GPU, on the same data, n runs each.
+
+Measures n runs of each system, interleaved (ours, airbench, ours, ...) so that clock and thermal drift hit both
+alike, after one untimed full warm-up run of each: test accuracy with TTA and timed seconds as mean ± std and 95%
+t-interval; the time ratio ours / airbench (95% CI, delta method); the accuracy difference ours - airbench (95% CI);
+Welch p-values for both.
+
+Timed region, the same for both: from the patch-whitening initialization through training to the end of the final
+TTA evaluation, CUDA events, synchronized. Outside it: data loading, upload, model construction, the per-epoch
+evaluations of the progress table. airbench's numbers are its own `tta_val_acc` and `total_time_seconds`, read
+from the last row of the table train94(verbose=True) prints (4 decimals: exact for a 10,000-image test set).
+Step counts differ slightly: airbench drops each epoch's last partial batch (48 x 9.9 -> 476 steps on 50,000
+images), ours counts examples (ceil(9.9 x 50000 / 1024) = 484 steps); `--set epochs=9.748` gives ours 476.
+
+Data: both get the same tensors. airbench's CifarLoader reads cifar10/{train,test}.pt relative to the working
+directory (and downloads through torchvision if they are missing, which must never happen), so they are written
+in its format into a temporary directory that is the working directory while airbench runs, and checked before
+each call. The training split is put in one fixed random order first: an image folder lists images class by
+class, and both systems whiten from the first 5000 training images, which would otherwise all be airplanes.
+
+Run (GPU only: airbench94 needs CUDA and torchvision), from the repository root:
+  PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py \
+      --data /path/to/cifar10-jpeg --runs 25 --out $OUT/vs_airbench.json
+  (--cache-file FILE reads a speedrun cache file, ~/.cache/speedrun/cache/*.pt, instead of --data.)
+  Carry to the device: third_party/airbench-0.1.8 (git-ignored; the unpacked PyPI sdist of airbench 0.1.8) and the
+  data. Mind the 64 MiB carry limit: a decoded CIFAR-10 cache is ~185 MB, the JPEG folder ~55 MB of files (it
+  decodes in ~8 s on 2 cores).
+Plumbing check on CPU (ours only, tiny synthetic data; airbench is not imported):
+  python benchmarks/vs_airbench.py --dry-run-cpu --data synthetic:train=256,test=64 --runs 2 \
+      --set batch_size=64 --set widths=8,16,16 --set epochs=0.25 --out /tmp/vs_airbench.json
+
+Facts: airbench94 reaches 94.01% mean accuracy (n=1000) in 3.83 s on an A100 (Jordan, arXiv 2404.00498). The JPEG
+copy of CIFAR-10 is lossy (quality 75): accuracies on it run below the published ones for both systems, so compare
+only numbers measured side by side by one invocation of this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from speedrun.config import parse_set_args
+from speedrun.data.dataset import Dataset
+from speedrun.data.sources import load_dataset
+from speedrun.results import default_result_path, environment, write_json
+from speedrun.runs import get_recipe, make_config
+from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
+
+AIRBENCH = "airbench94 0.1.8 (airbench.lib_airbench94.train94, defaults)"
+TIMED_REGION = ("whitening init + training + final TTA evaluation, CUDA events, synchronized; excludes data "
+                "loading, upload, model construction, per-epoch table evaluations and the warm-up run")
+TRAIN_ORDER_SEED = 0
+# utils.logging_columns_list: run, epoch, train_loss, train_acc, val_acc, tta_val_acc, total_time_seconds.
+AIRBENCH_CELLS = 7
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)  # stdout carries only the markdown block
+
+
+def write_airbench_cache(dataset: Dataset, directory: str | os.PathLike) -> Path:
+    """Write `dataset` as airbench's CifarLoader('cifar10') reads it: <directory>/cifar10/{train,test}.pt.
+
+    Each file holds {'images': (N, 32, 32, 3) uint8 (HWC), 'labels': (N,) int64, 'classes': [str]}.
+    Returns the cifar10 folder.
+    """
+    if dataset.image_shape != (3, 32, 32) or dataset.num_classes != 10:
+        c, h, w = dataset.image_shape
+        raise ValueError(f"airbench94's net takes 3x32x32 images in 10 classes; {dataset.name} has {c}x{h}x{w} "
+                         f"images in {dataset.num_classes} classes; pass CIFAR-10")
+    folder = Path(directory) / "cifar10"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        images = getattr(dataset, f"{split}_images").permute(0, 2, 3, 1).contiguous()  # (N, C, H, W) -> (N, H, W, C)
+        labels = getattr(dataset, f"{split}_labels").contiguous()
+        torch.save({"images": images, "labels": labels, "classes": list(dataset.classes)}, folder / f"{split}.pt")
+    return folder
+
+
+def parse_airbench_table(text: str) -> tuple[float, float]:
+    """(tta_val_acc, total_time_seconds) from the final row (epoch cell 'eval') of airbench's printed table."""
+    final = None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.lstrip().startswith("|") and len(cells) == AIRBENCH_CELLS and cells[1] == "eval":
+            final = cells  # the last one wins: a captured text may hold several runs
+    if final is None:
+        raise RuntimeError("airbench printed no final 'eval' row; its output ends with:\n" + text[-1500:])
+    return float(final[5]), float(final[6])
+
+
+def airbench_run(train94, seed: int) -> tuple[float, float]:
+    """One airbench94 run in the current directory; (accuracy, timed seconds) from its own table."""
+    missing = [f for f in ("cifar10/train.pt", "cifar10/test.pt") if not os.path.isfile(f)]
+    if missing:  # CifarLoader would fall back to a torchvision download, which must never happen
+        raise FileNotFoundError(f"{missing} not in {os.getcwd()}; airbench must run where write_airbench_cache wrote")
+    torch.manual_seed(seed)  # airbench seeds nothing itself: init, shuffling and crops all draw from this
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train94(run=seed, verbose=True)  # run only labels the row; -1 or "warmup" would stop after one step
+    return parse_airbench_table(out.getvalue())
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(flag: bool):
+    """Importing airbench sets torch.backends.cudnn.benchmark = True for the whole process; give each side its own."""
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = flag
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = old
+
+
+def load_data(args: argparse.Namespace) -> Dataset:
+    if args.cache_file is None:
+        # download=False: the GPU machine has no network, so a named dataset must already be in the cache.
+        return load_dataset(args.data, cache_dir=args.cache_dir, download=False, log=log)
+    from speedrun.data.sources import _read_cache  # the one reader of the cache format; it checks dtypes, shapes
+
+    path = Path(args.cache_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--cache-file {path} does not exist; pass a file from ~/.cache/speedrun/cache/")
+    try:
+        return _read_cache(path)
+    # Broad on purpose, as in sources._cached: a foreign or truncated file fails inside torch.load in many ways.
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"--cache-file {path} is not a readable speedrun cache ({type(e).__name__}: {e})") from None
+
+
+def fixed_train_order(data: Dataset) -> Dataset:
+    perm = torch.randperm(len(data.train_labels), generator=torch.Generator().manual_seed(TRAIN_ORDER_SEED))
+    return Dataset(data.name, data.train_images[perm], data.train_labels[perm], data.test_images, data.test_labels,
+                   list(data.classes))
+
+
+def side(runs: list[dict]) -> dict:
+    return {"accuracy": summarize([r["accuracy"] for r in runs]).to_dict(),
+            "train_seconds": summarize([r["train_seconds"] for r in runs]).to_dict(), "runs": runs}
+
+
+def compare(ours: list[dict], theirs: list[dict]) -> dict | None:
+    """Ratio of mean times and difference of mean accuracies (ours vs airbench) with 95% CIs and Welch p."""
+    if min(len(ours), len(theirs)) < 2:
+        return None  # intervals and tests need two runs on each side
+    out = {}
+    for key, name, stat in [("train_seconds", "time_ratio_ours_over_airbench", ratio_ci95),
+                            ("accuracy", "accuracy_diff_ours_minus_airbench", diff_ci95)]:
+        a, b = [r[key] for r in ours], [r[key] for r in theirs]
+        value, low, high = stat(a, b)
+        t, p = welch_t_test(a, b)
+        out[name] = {"value": value, "ci95_low": low, "ci95_high": high, "welch_t": t, "welch_p": p}
+    return out
+
+
+def markdown(report: dict) -> str:
+    """Rows for BENCHMARKS.md: date, device, exact command, n, mean ± std, and the comparison line."""
+    env, cmd = report["environment"], report["command"].replace("|", "\\|")
+    date = env["timestamp_utc"][:10]
+    lines = ["| date | device | command | system | n | accuracy % (mean ± std) | seconds (mean ± std) |",
+             "|---|---|---|---|---|---|---|"]
+    for label, key in [(f"speedrun {report['ours']['recipe']}", "ours"), (AIRBENCH, "airbench")]:
+        s = report[key]
+        if s is None:
+            continue
+        acc, sec = s["accuracy"], s["train_seconds"]
+        lines.append(f"| {date} | {env['device_name']} | `{cmd}` | {label} | {acc['n']} | "
+                     f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} | {sec['mean']:.3f} ± {sec['std']:.3f} |")
+    c = report["comparison"]
+    if c is not None:
+        r, d = c["time_ratio_ours_over_airbench"], c["accuracy_diff_ours_minus_airbench"]
+        lines.append(f"\nTime ours / airbench: {r['value']:.3f} (95% CI {r['ci95_low']:.3f} to "
+                     f"{r['ci95_high']:.3f}, Welch p = {r['welch_p']:.2g}). Accuracy ours - airbench: "
+                     f"{100 * d['value']:+.2f} pp (95% CI {100 * d['ci95_low']:+.2f} to {100 * d['ci95_high']:+.2f}, "
+                     f"Welch p = {d['welch_p']:.2g}).")
+    return "\n".join(lines)
+
+
+def pick_device(dry_run_cpu: bool) -> torch.device:
+    if dry_run_cpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("airbench94 runs only on CUDA and no GPU is visible; use --dry-run-cpu to check on CPU")
+    return torch.device("cuda")
+
+
+def run(args: argparse.Namespace, command: str) -> dict:
+    rec = get_recipe(args.ours_recipe)
+    cfg = make_config(rec, None, parse_set_args(args.set))
+    device = pick_device(args.dry_run_cpu)
+    start = time.perf_counter()
+    data = fixed_train_order(load_data(args))
+    data_seconds = time.perf_counter() - start
+    log(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test ({data_seconds:.1f} s)")
+    out_path = Path(args.out).resolve() if args.out else default_result_path("vs_airbench", data.name).resolve()
+    report = {"benchmark": "vs_airbench", "command": command, "timed_region": TIMED_REGION,
+              "runs_planned": args.runs, "complete": False, "dry_run_cpu": args.dry_run_cpu,
+              "data": {"name": data.name, "spec": args.data, "cache_file": args.cache_file,
+                       "train": len(data.train_labels), "test": len(data.test_labels),
+                       "train_order_seed": TRAIN_ORDER_SEED, "load_seconds": data_seconds},
+              "ours": None, "airbench": None, "comparison": None, "environment": environment(device)}
+    ours_meta = {"recipe": rec.name, "cudnn_benchmark": args.ours_cudnn_benchmark, "config": dataclasses.asdict(cfg)}
+    ab_meta = {"system": AIRBENCH, "cudnn_benchmark": True,  # what airbench sets at import
+               "accuracy_note": "tta_val_acc as printed, 4 decimals"}
+    ours: list[dict] = []
+    theirs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="vs_airbench-") as work:
+        write_airbench_cache(data, work)
+        train94 = None
+        if not args.dry_run_cpu:
+            try:
+                from airbench.lib_airbench94 import train94
+            except ImportError as e:
+                raise ValueError(f"cannot import airbench ({e}); run with PYTHONPATH=src:third_party/airbench-0.1.8 "
+                                 "and torchvision installed") from None
+        with cudnn_benchmark(args.ours_cudnn_benchmark):
+            ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
+        if train94 is not None:
+            start = time.perf_counter()
+            with contextlib.chdir(work), cudnn_benchmark(True):
+                ab_meta["warmup_accuracy"], ab_meta["warmup_timed_seconds"] = airbench_run(train94, seed=0)
+            ab_meta["warmup_seconds"] = time.perf_counter() - start
+        log(f"warm-up done (untimed); {args.runs} interleaved run(s) of each; timed region: {TIMED_REGION}")
+        for i in range(args.runs):
+            with cudnn_benchmark(args.ours_cudnn_benchmark):
+                r = rec.run(cfg, data, device, i)
+            ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
+            msg = f"run {i + 1}/{args.runs}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s"
+            if train94 is not None:
+                with contextlib.chdir(work), cudnn_benchmark(True):
+                    acc, secs = airbench_run(train94, seed=i)
+                theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
+                msg += f"  |  airbench {100 * acc:.2f}% {secs:.3f} s"
+            log(msg)
+            # Written after every pair: a run cut off at the device's time limit keeps what finished.
+            report.update(ours={**ours_meta, **side(ours)}, comparison=compare(ours, theirs),
+                          airbench={**ab_meta, **side(theirs)} if theirs else None, complete=i + 1 == args.runs)
+            write_json(out_path, report)
+    log(f"result: {out_path}")
+    return report
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="anything speedrun's load_dataset accepts: an image folder, synthetic:..., ...")
+    src.add_argument("--cache-file", help="a speedrun cache file (~/.cache/speedrun/cache/*.pt)")
+    p.add_argument("--cache-dir", help="speedrun's cache dir for --data (default $SPEEDRUN_DATA or ~/.cache/speedrun)")
+    p.add_argument("--runs", type=int, default=25, help="runs of each system (default 25)")
+    p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
+    p.add_argument("--ours-recipe", default="cifar10-94", help="our recipe (default cifar10-94)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our config; repeatable")
+    p.add_argument("--ours-cudnn-benchmark", action="store_true",
+                   help="let cuDNN autotune for ours too (speedrun leaves it off; airbench turns it on)")
+    p.add_argument("--dry-run-cpu", action="store_true", help="plumbing check: CPU, ours only, no airbench")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs must be >= 1, got {args.runs}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    pythonpath = os.environ.get("PYTHONPATH")
+    command = (f"PYTHONPATH={pythonpath} " if pythonpath else "") + "python benchmarks/vs_airbench.py "
+    command += shlex.join(argv)
+    try:
+        report = run(args, command)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vs_airbench.py: error: {e}", file=sys.stderr)
+        return 2
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

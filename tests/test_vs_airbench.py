@@ -1,0 +1,199 @@
+"""benchmarks/vs_airbench.py: the data handed to airbench, the parsing of its table, the statistics, and an
+end-to-end CPU dry run (ours only; airbench needs CUDA and torchvision, which the test machine lacks)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedrun.data import sources
+
+from conftest import make_tiny
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_airbench.py"
+_spec = importlib.util.spec_from_file_location("vs_airbench", _PATH)
+vs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vs)
+
+# What airbench 0.1.8's utils.print_training_details prints for a run: the header (run 0 only), one row per epoch
+# (the run number only on the first), the final row with epoch 'eval', then a rule. Cells are right-justified to
+# the width of the column names, floats as {:0.4f}, each cell framed by '|  ' and '  '.
+RULE = "-" * 102
+TABLE = f"""{RULE}
+|  run     |  epoch  |  train_loss  |  train_acc  |  val_acc  |  tta_val_acc  |  total_time_seconds  |
+{RULE}
+|       0  |      0  |      1.8712  |     0.5342  |   0.6013  |               |                      |
+|          |      9  |      1.0221  |     0.9541  |   0.9297  |               |                      |
+|          |   eval  |      1.0221  |     0.9541  |   0.9297  |       0.9401  |              3.8312  |
+{RULE}
+"""
+SECOND_RUN = """|       1  |      0  |      1.9012  |     0.5200  |   0.5990  |               |                      |
+|          |   eval  |      1.0301  |     0.9500  |   0.9288  |       0.9389  |              3.7950  |
+"""
+
+TINY_ARGS = ["--dry-run-cpu", "--runs", "2", "--set", "batch_size=64", "--set", "widths=8,16,16",
+             "--set", "epochs=0.25", "--set", "eval_each_epoch=false"]
+
+
+def test_write_airbench_cache_layout_round_trips(tmp_path):
+    data = make_tiny(n_train=20, n_test=8)
+    folder = vs.write_airbench_cache(data, tmp_path)
+    assert folder == tmp_path / "cifar10"
+    for split in ("train", "test"):
+        # airbench's CifarLoader torch.load()s with the default weights_only=True: plain tensors, lists, strings.
+        saved = torch.load(folder / f"{split}.pt", weights_only=True)
+        images, labels = getattr(data, f"{split}_images"), getattr(data, f"{split}_labels")
+        assert set(saved) == {"images", "labels", "classes"}
+        assert saved["images"].dtype == torch.uint8 and saved["images"].shape == (len(labels), 32, 32, 3)  # HWC
+        # CifarLoader turns them back with .permute(0, 3, 1, 2): that must give our (N, C, H, W) images exactly.
+        assert torch.equal(saved["images"].permute(0, 3, 1, 2), images)
+        assert saved["labels"].dtype == torch.int64 and torch.equal(saved["labels"], labels)
+        assert saved["classes"] == data.classes == [f"c{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("shape, classes", [((1, 28, 28), 10), ((3, 32, 32), 5)])
+def test_write_airbench_cache_rejects_what_airbench94_cannot_train(tmp_path, shape, classes):
+    with pytest.raises(ValueError, match="3x32x32 images in 10 classes"):
+        vs.write_airbench_cache(make_tiny(n_train=8, n_test=4, shape=shape, classes=classes), tmp_path)
+
+
+def test_parse_airbench_table_reads_the_final_row():
+    assert vs.parse_airbench_table(TABLE) == (0.9401, 3.8312)
+    # Two runs captured together: the last final row is the one that counts.
+    assert vs.parse_airbench_table(TABLE + SECOND_RUN) == (0.9389, 3.7950)
+
+
+def test_parse_airbench_table_without_final_row_raises():
+    truncated = TABLE.split("|          |   eval")[0]
+    with pytest.raises(RuntimeError, match="no final 'eval' row"):
+        vs.parse_airbench_table(truncated)
+    # airbench's one-step warm-up (run=-1) prints a rule and one row with no epoch: not a result either.
+    with pytest.raises(RuntimeError):
+        vs.parse_airbench_table(RULE + "\n|  warmup  |         |      2.3026  |     0.1000  |           |"
+                                       "               |                      |\n")
+
+
+def test_fixed_train_order_permutes_pairs_and_keeps_test():
+    data = make_tiny(n_train=50, n_test=8)
+    shuffled = vs.fixed_train_order(data)
+    assert not torch.equal(shuffled.train_labels, data.train_labels)
+    assert torch.equal(shuffled.test_images, data.test_images)
+    # Every (image, label) pair survives: match images by their bytes.
+    before = {bytes(x.flatten().tolist()): int(y) for x, y in zip(data.train_images, data.train_labels)}
+    after = {bytes(x.flatten().tolist()): int(y) for x, y in zip(shuffled.train_images, shuffled.train_labels)}
+    assert before == after
+    assert torch.equal(vs.fixed_train_order(data).train_labels, shuffled.train_labels)  # fixed, not random
+
+
+def test_compare_ratio_and_difference():
+    ours = [{"accuracy": a, "train_seconds": t} for a, t in [(0.940, 1.0), (0.942, 1.1), (0.938, 0.9)]]
+    theirs = [{"accuracy": a, "train_seconds": t} for a, t in [(0.941, 2.0), (0.943, 2.2), (0.939, 1.8)]]
+    c = vs.compare(ours, theirs)
+    r, d = c["time_ratio_ours_over_airbench"], c["accuracy_diff_ours_minus_airbench"]
+    assert r["value"] == pytest.approx(0.5) and r["ci95_low"] < 0.5 < r["ci95_high"]
+    assert r["welch_p"] < 0.01  # 1.0 +- 0.1 against 2.0 +- 0.2 with n = 3
+    assert d["value"] == pytest.approx(-0.001) and d["ci95_low"] < -0.001 < d["ci95_high"]
+    assert d["welch_p"] > 0.5  # the same spread shifted by 0.001: no evidence of a difference
+    assert vs.compare(ours[:1], theirs) is None and vs.compare(ours, []) is None
+
+
+def test_dry_run_cpu_end_to_end(tmp_path, capsys):
+    out = tmp_path / "vs.json"
+    rc = vs.main(["--data", "synthetic:train=256,test=64", "--out", str(out)] + TINY_ARGS)
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["dry_run_cpu"] and report["airbench"] is None
+    assert report["comparison"] is None
+    assert report["ours"]["recipe"] == "cifar10-94" and report["ours"]["config"]["widths"] == [8, 16, 16]
+    assert [r["seed"] for r in report["ours"]["runs"]] == [0, 1]
+    assert report["ours"]["accuracy"]["n"] == 2 and 0.0 <= report["ours"]["accuracy"]["mean"] <= 1.0
+    assert all(r["train_seconds"] > 0 for r in report["ours"]["runs"])
+    assert report["data"]["train"] == 256 and report["environment"]["device_type"] == "cpu"
+    assert report["command"].endswith("python benchmarks/vs_airbench.py --data synthetic:train=256,test=64 --out "
+                                      + str(out) + " " + " ".join(TINY_ARGS))
+    printed = capsys.readouterr().out
+    row = [line for line in printed.splitlines() if "speedrun cifar10-94" in line]
+    assert len(row) == 1 and "| 2 |" in row[0] and "vs_airbench.py --data" in row[0]
+
+
+def test_dry_run_reads_a_cache_file(tmp_path):
+    cache = tmp_path / "tiny.pt"
+    sources._write_cache(cache, make_tiny(n_train=128, n_test=32), log=lambda _: None)
+    out = tmp_path / "vs.json"
+    assert vs.main(["--cache-file", str(cache), "--out", str(out)] + TINY_ARGS) == 0
+    report = json.loads(out.read_text())
+    assert report["data"]["name"] == "tiny" and report["data"]["train"] == 128
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "synthetic:train=64,test=8", "--set", "no_such_key=1"], "unknown config key"),
+    (["--data", "synthetic:train=64,test=8,classes=5"], "10 classes"),
+    (["--data", "/no/such/dataset"], "unknown dataset"),
+    (["--cache-file", "/no/such/file.pt"], "does not exist"),
+])
+def test_bad_input_is_one_line_error(tmp_path, capsys, args, message):
+    assert vs.main(args + ["--dry-run-cpu", "--runs", "1", "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and err[-1].startswith("vs_airbench.py: error:")
+
+
+def test_bad_arguments_exit_through_argparse(capsys):
+    for args in (["--data", "synthetic", "--runs", "0"], ["--runs", "2"], ["--data", "x", "--cache-file", "y"]):
+        with pytest.raises(SystemExit) as e:
+            vs.main(args)
+        assert e.value.code == 2
+
+
+# A stand-in for airbench.lib_airbench94 with the same calling convention: it reads cifar10/{train,test}.pt from
+# the working directory (so it fails unless the script chdir'ed to its data) and prints a final table row.
+FAKE_AIRBENCH = '''
+import os
+import torch
+
+calls = []
+
+def train94(run=0, verbose=True):
+    train = torch.load(os.path.join("cifar10", "train.pt"), weights_only=True)
+    test = torch.load(os.path.join("cifar10", "test.pt"), weights_only=True)
+    calls.append({"run": run, "seed": torch.initial_seed(), "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                  "train_shape": tuple(train["images"].shape), "test_n": len(test["labels"])})
+    acc, secs = 0.9 + 0.001 * len(calls), 4.0 + 0.01 * len(calls) ** 2
+    print("|          |   eval  |      1.0000  |     0.9000  |   0.9000  |  %11.4f  |  %18.4f  |" % (acc, secs))
+'''
+
+
+def test_airbench_side_with_a_stand_in(tmp_path, monkeypatch, capsys):
+    (tmp_path / "fake" / "airbench").mkdir(parents=True)
+    (tmp_path / "fake" / "airbench" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "airbench" / "lib_airbench94.py").write_text(FAKE_AIRBENCH)
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    monkeypatch.setattr(vs, "pick_device", lambda dry_run_cpu: torch.device("cpu"))  # "GPU mode" on the CPU
+    for name in ("airbench", "airbench.lib_airbench94"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # a real airbench imported earlier must not answer
+    cwd = Path.cwd()
+    out = tmp_path / "vs.json"
+    try:
+        rc = vs.main(["--data", "synthetic:train=256,test=64", "--out", str(out)] + TINY_ARGS[1:])
+        import airbench.lib_airbench94 as fake
+        calls = fake.calls
+    finally:
+        for name in ("airbench", "airbench.lib_airbench94"):
+            sys.modules.pop(name, None)
+    assert rc == 0 and Path.cwd() == cwd
+    # One untimed warm-up, then one run per seed, each seeded, each with airbench's cuDNN setting.
+    assert [(c["run"], c["seed"]) for c in calls] == [(0, 0), (0, 0), (1, 1)]
+    assert all(c["cudnn_benchmark"] and c["train_shape"] == (256, 32, 32, 3) and c["test_n"] == 64 for c in calls)
+    report = json.loads(out.read_text())
+    assert report["airbench"]["warmup_accuracy"] == 0.901
+    assert [r["accuracy"] for r in report["airbench"]["runs"]] == [0.902, 0.903]
+    assert [r["train_seconds"] for r in report["airbench"]["runs"]] == [4.04, 4.09]
+    assert report["ours"]["cudnn_benchmark"] is False and report["complete"]
+    ratio = report["comparison"]["time_ratio_ours_over_airbench"]
+    ours_mean = report["ours"]["train_seconds"]["mean"]
+    assert ratio["value"] == pytest.approx(ours_mean / 4.065)
+    printed = capsys.readouterr().out
+    assert "| airbench94 0.1.8" in printed and "| 90.25 ± 0.07 | 4.065 ± 0.035 |" in printed
+    assert "Time ours / airbench:" in printed
