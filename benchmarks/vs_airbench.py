@@ -21,10 +21,10 @@ class, and both systems whiten from the first 5000 training images, which would 
 Run (GPU only: airbench94 needs CUDA and torchvision), from the repository root:
   PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py \
       --data /path/to/cifar10-jpeg --runs 25 --out $OUT/vs_airbench.json
-  (--cache-file FILE reads a speedrun cache file, ~/.cache/speedrun/cache/*.pt, instead of --data.)
   Carry to the device: third_party/airbench-0.1.8 (git-ignored; the unpacked PyPI sdist of airbench 0.1.8) and the
-  data. Mind the 64 MiB carry limit: a decoded CIFAR-10 cache is ~185 MB, the JPEG folder ~55 MB of files (it
-  decodes in ~8 s on 2 cores).
+  data, e.g. `cp -r ../shared/datasets/cifar10-jpeg third_party/` (~55 MB of files; a decoded cache is ~185 MB,
+  over the 64 MiB carry limit). cuDNN autotuning: airbench turns it on at import; ours sets it from its config
+  (cudnn_benchmark, default on), so each side runs as it would on its own.
 Plumbing check on CPU (ours only, tiny synthetic data; airbench is not imported):
   python benchmarks/vs_airbench.py --dry-run-cpu --data synthetic:train=256,test=64 --runs 2 \
       --set batch_size=64 --set widths=8,16,16 --set epochs=0.25 --out /tmp/vs_airbench.json
@@ -112,30 +112,14 @@ def airbench_run(train94, seed: int) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def cudnn_benchmark(flag: bool):
-    """Importing airbench sets torch.backends.cudnn.benchmark = True for the whole process; give each side its own."""
+def airbench_cudnn():
+    """airbench runs with cudnn.benchmark on (it sets it at import); ours may have set it off (--set)."""
     old = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = flag
+    torch.backends.cudnn.benchmark = True
     try:
         yield
     finally:
         torch.backends.cudnn.benchmark = old
-
-
-def load_data(args: argparse.Namespace) -> Dataset:
-    if args.cache_file is None:
-        # download=False: the GPU machine has no network, so a named dataset must already be in the cache.
-        return load_dataset(args.data, cache_dir=args.cache_dir, download=False, log=log)
-    from speedrun.data.sources import _read_cache  # the one reader of the cache format; it checks dtypes, shapes
-
-    path = Path(args.cache_file).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"--cache-file {path} does not exist; pass a file from ~/.cache/speedrun/cache/")
-    try:
-        return _read_cache(path)
-    # Broad on purpose, as in sources._cached: a foreign or truncated file fails inside torch.load in many ways.
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"--cache-file {path} is not a readable speedrun cache ({type(e).__name__}: {e})") from None
 
 
 def fixed_train_order(data: Dataset) -> Dataset:
@@ -199,17 +183,18 @@ def run(args: argparse.Namespace, command: str) -> dict:
     cfg = make_config(rec, None, parse_set_args(args.set))
     device = pick_device(args.dry_run_cpu)
     start = time.perf_counter()
-    data = fixed_train_order(load_data(args))
+    # download=False: the GPU machine has no network, so a named dataset must already be in the cache.
+    data = fixed_train_order(load_dataset(args.data, cache_dir=args.cache_dir, download=False, log=log))
     data_seconds = time.perf_counter() - start
     log(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test ({data_seconds:.1f} s)")
     out_path = Path(args.out).resolve() if args.out else default_result_path("vs_airbench", data.name).resolve()
     report = {"benchmark": "vs_airbench", "command": command, "timed_region": TIMED_REGION,
               "runs_planned": args.runs, "complete": False, "dry_run_cpu": args.dry_run_cpu,
-              "data": {"name": data.name, "spec": args.data, "cache_file": args.cache_file,
+              "data": {"name": data.name, "spec": args.data,
                        "train": len(data.train_labels), "test": len(data.test_labels),
                        "train_order_seed": TRAIN_ORDER_SEED, "load_seconds": data_seconds},
               "ours": None, "airbench": None, "comparison": None, "environment": environment(device)}
-    ours_meta = {"recipe": rec.name, "cudnn_benchmark": args.ours_cudnn_benchmark, "config": dataclasses.asdict(cfg)}
+    ours_meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg)}
     ab_meta = {"system": AIRBENCH, "cudnn_benchmark": True,  # what airbench sets at import
                "accuracy_note": "tta_val_acc as printed, 4 decimals"}
     ours: list[dict] = []
@@ -223,21 +208,19 @@ def run(args: argparse.Namespace, command: str) -> dict:
             except ImportError as e:
                 raise ValueError(f"cannot import airbench ({e}); run with PYTHONPATH=src:third_party/airbench-0.1.8 "
                                  "and torchvision installed") from None
-        with cudnn_benchmark(args.ours_cudnn_benchmark):
-            ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
+        ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
         if train94 is not None:
             start = time.perf_counter()
-            with contextlib.chdir(work), cudnn_benchmark(True):
+            with contextlib.chdir(work), airbench_cudnn():
                 ab_meta["warmup_accuracy"], ab_meta["warmup_timed_seconds"] = airbench_run(train94, seed=0)
             ab_meta["warmup_seconds"] = time.perf_counter() - start
         log(f"warm-up done (untimed); {args.runs} interleaved run(s) of each; timed region: {TIMED_REGION}")
         for i in range(args.runs):
-            with cudnn_benchmark(args.ours_cudnn_benchmark):
-                r = rec.run(cfg, data, device, i)
+            r = rec.run(cfg, data, device, i)
             ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
             msg = f"run {i + 1}/{args.runs}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s"
             if train94 is not None:
-                with contextlib.chdir(work), cudnn_benchmark(True):
+                with contextlib.chdir(work), airbench_cudnn():
                     acc, secs = airbench_run(train94, seed=i)
                 theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
                 msg += f"  |  airbench {100 * acc:.2f}% {secs:.3f} s"
@@ -252,16 +235,13 @@ def run(args: argparse.Namespace, command: str) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="anything speedrun's load_dataset accepts: an image folder, synthetic:..., ...")
-    src.add_argument("--cache-file", help="a speedrun cache file (~/.cache/speedrun/cache/*.pt)")
+    p.add_argument("--data", required=True,
+                   help="anything speedrun's load_dataset accepts: an image folder, synthetic:..., ...")
     p.add_argument("--cache-dir", help="speedrun's cache dir for --data (default $SPEEDRUN_DATA or ~/.cache/speedrun)")
     p.add_argument("--runs", type=int, default=25, help="runs of each system (default 25)")
     p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
     p.add_argument("--ours-recipe", default="cifar10-94", help="our recipe (default cifar10-94)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our config; repeatable")
-    p.add_argument("--ours-cudnn-benchmark", action="store_true",
-                   help="let cuDNN autotune for ours too (speedrun leaves it off; airbench turns it on)")
     p.add_argument("--dry-run-cpu", action="store_true", help="plumbing check: CPU, ours only, no airbench")
     args = p.parse_args(argv)
     if args.runs < 1:

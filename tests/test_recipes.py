@@ -59,8 +59,19 @@ def test_muon_variant_trains_with_muon_and_sgd():
     net = cifar.CifarNet(widths=(8, 8, 8))
     sgd, muon = cifar.build_optimizers(cfg, net)
     assert isinstance(muon, cifar.Muon)
+    assert id(net.whiten.bias) in {id(p) for p in sgd.param_groups[0]["params"]}  # with the BN biases
     assert {id(p) for g in muon.param_groups for p in g["params"]} == \
         {id(p) for n, p in net.named_parameters() if "convs" in n}
+
+
+def test_sgd_parameter_groups_follow_airbench94():
+    net = cifar.CifarNet(widths=(8, 8, 8))
+    (sgd,) = cifar.build_optimizers(cifar.cifar10_94(), net)
+    fast, base = sgd.param_groups
+    bn_biases = {id(m.bias) for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    assert {id(p) for p in fast["params"]} == bn_biases  # only BN biases get the 64x lr (frozen scales excluded)
+    assert id(net.whiten.bias) in {id(p) for p in base["params"]}
+    assert fast["lr"] == pytest.approx(64 * base["lr"])
 
 
 def test_epochs_override_compresses_the_schedule():

@@ -119,20 +119,10 @@ def test_dry_run_cpu_end_to_end(tmp_path, capsys):
     assert len(row) == 1 and "| 2 |" in row[0] and "vs_airbench.py --data" in row[0]
 
 
-def test_dry_run_reads_a_cache_file(tmp_path):
-    cache = tmp_path / "tiny.pt"
-    sources._write_cache(cache, make_tiny(n_train=128, n_test=32), log=lambda _: None)
-    out = tmp_path / "vs.json"
-    assert vs.main(["--cache-file", str(cache), "--out", str(out)] + TINY_ARGS) == 0
-    report = json.loads(out.read_text())
-    assert report["data"]["name"] == "tiny" and report["data"]["train"] == 128
-
-
 @pytest.mark.parametrize("args, message", [
     (["--data", "synthetic:train=64,test=8", "--set", "no_such_key=1"], "unknown config key"),
     (["--data", "synthetic:train=64,test=8,classes=5"], "10 classes"),
     (["--data", "/no/such/dataset"], "unknown dataset"),
-    (["--cache-file", "/no/such/file.pt"], "does not exist"),
 ])
 def test_bad_input_is_one_line_error(tmp_path, capsys, args, message):
     assert vs.main(args + ["--dry-run-cpu", "--runs", "1", "--out", str(tmp_path / "x.json")]) == 2
@@ -141,7 +131,7 @@ def test_bad_input_is_one_line_error(tmp_path, capsys, args, message):
 
 
 def test_bad_arguments_exit_through_argparse(capsys):
-    for args in (["--data", "synthetic", "--runs", "0"], ["--runs", "2"], ["--data", "x", "--cache-file", "y"]):
+    for args in (["--data", "synthetic", "--runs", "0"], ["--runs", "2"]):
         with pytest.raises(SystemExit) as e:
             vs.main(args)
         assert e.value.code == 2
@@ -190,7 +180,7 @@ def test_airbench_side_with_a_stand_in(tmp_path, monkeypatch, capsys):
     assert report["airbench"]["warmup_accuracy"] == 0.901
     assert [r["accuracy"] for r in report["airbench"]["runs"]] == [0.902, 0.903]
     assert [r["train_seconds"] for r in report["airbench"]["runs"]] == [4.04, 4.09]
-    assert report["ours"]["cudnn_benchmark"] is False and report["complete"]
+    assert report["ours"]["config"]["cudnn_benchmark"] is True and report["complete"]
     ratio = report["comparison"]["time_ratio_ours_over_airbench"]
     ours_mean = report["ours"]["train_seconds"]["mean"]
     assert ratio["value"] == pytest.approx(ours_mean / 4.065)

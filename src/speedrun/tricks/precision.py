@@ -8,6 +8,8 @@ channels_last: NHWC layout, the one cuDNN's tensor-core convolutions want (hlb-C
   ~0.5 s of 18 s).
 compile: torch.compile of the model (airbench94: 3.83 s -> 3.29 s); its compilation happens in an untimed
   warm-up run.
+cudnn_benchmark: cuDNN times the candidate algorithms for each new convolution shape once and keeps the
+  fastest (PyTorch performance guide); the timing happens in the untimed warm-up run.
 On CPU the recipes default to fp32, no channels_last and no compile ("auto").
 """
 
@@ -43,3 +45,9 @@ def to_channels_last(model: nn.Module, enabled: bool) -> nn.Module:
 def maybe_compile(model: nn.Module, enabled: bool, mode: str = "max-autotune-no-cudagraphs") -> nn.Module:
     """torch.compile(model) when enabled; the returned module shares parameters with `model`."""
     return torch.compile(model, mode=mode) if enabled else model
+
+
+def set_cudnn_benchmark(device: torch.device, enabled: bool) -> None:
+    """Turn cuDNN's algorithm autotuner on or off (a process-wide setting; no effect off CUDA)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = enabled
