@@ -96,3 +96,12 @@ def test_normalize_standardizes_with_channel_stats():
     assert torch.allclose(z.std((0, 2, 3)), torch.ones(3), atol=1e-3)
     cl = normalize(x, mean, std, torch.float32, channels_last=True)
     assert cl.is_contiguous(memory_format=torch.channels_last) and torch.equal(cl, z)
+
+
+def test_channel_stats_in_chunks_match_the_direct_computation():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (1000, 3, 6, 6), generator=g, dtype=torch.uint8)
+    mean, std = channel_stats(x, chunk=97)  # chunks that do not divide N
+    flat = x.double().div(255).transpose(0, 1).reshape(3, -1)
+    assert torch.allclose(mean.double(), flat.mean(1), atol=1e-6)
+    assert torch.allclose(std.double(), flat.std(1), atol=1e-6)

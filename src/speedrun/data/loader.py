@@ -23,10 +23,21 @@ import torch.nn.functional as F
 from speedrun.data import augment
 
 
-def channel_stats(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std of uint8 images (N, C, H, W), in [0, 1] units, as float32 (C,)."""
-    x = images.to(torch.float64).div_(255).transpose(0, 1).reshape(images.shape[1], -1)
-    return x.mean(1).float(), x.std(1).clamp_min(1e-6).float()
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of uint8 images (N, C, H, W), in [0, 1] units, as float32 (C,).
+
+    Sums are accumulated in float64 over chunks, so CIFAR-10 never becomes one 1.2 GB float64 copy.
+    """
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        x = images[start:start + chunk].to(torch.float64).div_(255)
+        total += x.sum((0, 2, 3)).cpu()
+        squares += x.square().sum((0, 2, 3)).cpu()
+    count = images.numel() // images.shape[1]
+    mean = total / count
+    var = (squares - count * mean.square()) / max(1, count - 1)  # unbiased, as torch.std
+    return mean.float(), var.clamp_min(1e-12).sqrt().float()
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype,

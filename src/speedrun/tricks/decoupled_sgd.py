@@ -2,10 +2,10 @@
 (Page, "How to train your ResNet" part 5; airbench's hyperparameter convention).
 
 What: with a summed loss, Nesterov momentum mu multiplies the average step by 1 + 1/(1 - mu). So the lr a user
-states, `lr_per_1024`, becomes PyTorch's lr = lr_per_1024 / (1024 * (1 + 1/(1 - mu))). Weight decay is applied
-as a per-step shrink of wd_per_1024 * batch / (1024 * (1 + 1/(1 - mu)))... expressed to PyTorch as
-weight_decay = that / lr, so its strength does not change when the lr or bias multiplier do (it still
-follows the lr schedule, as PyTorch multiplies it by the scheduled lr).
+states, `lr_per_1024`, becomes PyTorch's lr = lr_per_1024 / (1024 * (1 + 1/(1 - mu))). Weight decay is meant
+as a per-step shrink of wd_per_1024 * batch / (1024 * (1 + 1/(1 - mu))); PyTorch applies lr * weight_decay per
+step, so it is given weight_decay = shrink / lr, which keeps the shrink independent of the lr and of a group's
+lr multiplier (it still follows the lr schedule, which scales lr).
 Why: each hyperparameter can then be tuned on its own; changing momentum or batch keeps the step size.
 Suggested: airbench94 lr 11.5, wd 0.0153, momentum 0.85, BN-bias lr x64.
 """
