@@ -37,6 +37,17 @@ def test_user_errors_are_one_line_and_exit_2(argv, fragment, capsys, tmp_path):
     assert err.count("\n") == 1 and err.startswith("speedrun")
 
 
+def test_corrupt_archive_in_data_dir_is_one_line(capsys, tmp_path, monkeypatch):
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(bytes(range(1, 256)) * 4)  # not a tar archive; tarfile's own message spans several lines
+    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
+    code = main(["train", "--dataset", "cifar10", "--data-dir", str(archive), "--device", "cpu",
+                 "--json", str(tmp_path / "r.json"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "not a readable tar archive" in err
+    assert archive.read_bytes() == bytes(range(1, 256)) * 4  # the user's file is left alone
+
+
 def test_cuda_requested_without_cuda_is_one_line(capsys, tmp_path):
     import torch
     if torch.cuda.is_available():

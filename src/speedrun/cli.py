@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                    seed=args.seed, data_dir=args.data_dir, json_path=json_path, verbose=not args.quiet,
                    command=shlex.join(["speedrun", *argv]), **overrides)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"speedrun: error: {exc}", file=sys.stderr)
+        # One line, always: some library messages (tarfile's, for one) carry newlines of their own.
+        print(f"speedrun: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("speedrun: interrupted", file=sys.stderr)
