@@ -86,3 +86,23 @@ def test_python_api_returns_result_with_model():
     assert result.recipe == "cifar10-94" and len(result.runs) == 1
     assert 0 <= result.mean_accuracy <= 1 and result.std_accuracy == 0.0
     assert result.model is not None and result.runs[0].train_seconds > 0
+
+
+def test_interrupt_keeps_the_finished_runs(tmp_path, monkeypatch, capsys):
+    from speedrun import runs
+    from speedrun.recipes import cifar
+
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return cifar.train_run(*args, **kwargs)
+
+    recipe = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(recipe, run=run_then_interrupt))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--runs", "3", "--json", str(out), "--quiet"]) == 130
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and len(result["runs"]) == 1 and result["runs"][0]["seed"] == 0

@@ -16,6 +16,9 @@ from rich.table import Table
 from speedrun.stats import summarize
 
 
+_ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
+
+
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{100 * x:.2f}"
 
@@ -32,28 +35,30 @@ class Display:
 
     @contextlib.contextmanager
     def run(self, index: int, total: int, seed: int):
-        """Yields (on_step, on_epoch) callbacks for one run; prints its epoch table when it ends."""
+        """Yields (on_step, on_epoch) callbacks for one run. The per-epoch table streams: each row is printed
+        as its epoch ends, above the progress bar, so a long (CPU) run shows its learning curve as it goes."""
         if not self.verbose:
             yield None, None
             return
-        table = Table(title=f"run {index + 1}/{total} (seed {seed})", title_justify="left")
-        for col in ("epoch", "step", "train loss", "train acc %", "test acc %", "timed s"):
-            table.add_column(col, justify="right")
         progress = Progress(TextColumn(f"run {index + 1}/{total}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=self.err, transient=True)
         task = progress.add_task("train", total=None)
+        self.err.print(f"\nrun {index + 1}/{total} (seed {seed})", highlight=False)
+        self.err.print(_ROW.format("epoch", "step", "train loss", "train acc %", "test acc %", "timed s"),
+                       highlight=False)
 
         def on_step(step: int, steps: int) -> None:
             progress.update(task, completed=step, total=steps)
 
         def on_epoch(row: dict) -> None:
-            table.add_row(f"{row['epoch']:g}", str(row["step"]), f"{row['train_loss']:.4f}",
-                          _pct(row["train_acc"]), _pct(row["val_acc"]), f"{row['train_seconds']:.2f}")
+            progress.console.print(_ROW.format(f"{row['epoch']:g}", row["step"], f"{row['train_loss']:.4f}",
+                                               _pct(row["train_acc"]), _pct(row["val_acc"]),
+                                               f"{row['train_seconds']:.2f}"), highlight=False)
 
         with progress:
             yield on_step, on_epoch
-        table.caption = "last row: final test accuracy with TTA; timed s: the timed region so far"
-        self.err.print(table)
+        self.err.print("(last row: final test accuracy with TTA; timed s: the timed region so far)",
+                       highlight=False)
 
     def summary(self, result) -> None:
         if not self.verbose or not result.runs:
