@@ -106,3 +106,12 @@ def test_interrupt_keeps_the_finished_runs(tmp_path, monkeypatch, capsys):
     assert main(["train", *TINY, "--runs", "3", "--json", str(out), "--quiet"]) == 130
     result = json.loads(out.read_text())
     assert result["interrupted"] is True and len(result["runs"]) == 1 and result["runs"][0]["seed"] == 0
+
+
+def test_default_result_file_is_made_only_for_a_result(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "results"))
+    assert main(["train", "--dataset", "/nonexistent/data", "--device", "cpu"]) == 2
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+    assert main(["train", *TINY, "--quiet"]) == 0
+    (written,) = (tmp_path / "results").iterdir()
+    assert json.loads(written.read_text())["recipe"] == "cifar10-94"

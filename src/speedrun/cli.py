@@ -58,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         overrides = parse_set_args(args.overrides)
-        json_path = args.json or runs.default_json_path(args.recipe, args.dataset)
         runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
-                   seed=args.seed, data_dir=args.data_dir, json_path=json_path, verbose=not args.quiet,
+                   seed=args.seed, data_dir=args.data_dir, json_path=args.json or "auto", verbose=not args.quiet,
                    command=shlex.join(["speedrun", *argv]), **overrides)
     except (ValueError, FileNotFoundError) as exc:
         # One line, always: some library messages (tarfile's, for one) carry newlines of their own.

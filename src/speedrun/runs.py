@@ -127,6 +127,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `overrides` are config fields, e.g. train("cifar10-94", lookahead=False, batch_size=512).
+    json_path: where to write the result JSON; "auto" picks a new results/<time>-<recipe>-<dataset>.json when
+    the result is written (so a run that fails early leaves no file behind); None writes nothing.
     """
     from speedrun import display  # rich is imported only when something is shown
     from speedrun.data.sources import load_dataset
@@ -142,7 +144,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     data = load_dataset(dataset, data_dir=data_dir, log=show.line)
     data_seconds = time.perf_counter() - start
     env = environment(dev)
-    show.line(f"device: {dev.type} ({env['device_name']})" + (" -- chosen by --device auto" if device == "auto" else ""))
+    show.line(f"device: {dev.type} ({env['device_name']})"
+              + (" -- chosen by --device auto" if device == "auto" else ""))
     c, h, w = data.image_shape
     show.line(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, "
               f"{c}x{h}x{w}, {data.num_classes} classes ({data_seconds:.1f} s to load)")
@@ -164,15 +167,13 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
     show.summary(result)
     if json_path is not None:
+        if json_path == "auto":
+            json_path = default_result_path(rec.name, dataset)
         path = write_json(json_path, result.to_dict())
         show.line(f"result: {path}")
     if result.interrupted:
         raise KeyboardInterrupt
     return result
-
-
-def default_json_path(recipe: str, dataset: str | None) -> Path:
-    return default_result_path(recipe, dataset or get_recipe(recipe).default_dataset)
 
 
 def print_recipes(file=sys.stdout) -> None:
