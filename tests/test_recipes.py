@@ -81,26 +81,15 @@ def test_epochs_override_compresses_the_schedule():
     assert cfg.whiten_bias_epochs == pytest.approx(3.0 / 9.9)  # the bias window shrinks with the run
 
 
-def test_whitening_bias_freezes_after_its_window():
+def test_whitening_bias_freezes_after_its_window(monkeypatch):
     data = make_tiny(n_train=64, n_test=16)
     cfg = dataclasses.replace(cifar.cifar10_94(), batch_size=32, epochs=2.0, widths=(8, 8, 8), whiten_images=32,
                               whiten_bias_epochs=1.0, eval_each_epoch=False)
-    seen = []
-    model_holder = {}
-
-    def on_step(step, total):
-        seen.append(model_holder["m"].whiten.bias.requires_grad if "m" in model_holder else None)
-
+    built = []
     original = cifar.CifarNet
-
-    def spy(*a, **k):
-        model_holder["m"] = original(*a, **k)
-        return model_holder["m"]
-
-    cifar.CifarNet, saved = spy, cifar.CifarNet
-    try:
-        cifar.train_run(cfg, data, CPU, seed=0, on_step=on_step)
-    finally:
-        cifar.CifarNet = saved
+    monkeypatch.setattr(cifar, "CifarNet", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
+    seen = []  # the whitening bias's requires_grad after each step
+    cifar.train_run(cfg, data, CPU, seed=0,
+                    on_step=lambda step, total: seen.append(built[0].whiten.bias.requires_grad))
     # 4 steps of 32 over 64 examples: epochs 0.5, 1.0, 1.5, 2.0; the bias trains in steps 1-2 only
     assert seen == [True, True, False, False]
