@@ -96,8 +96,8 @@ class CifarConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
     channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA
     compile: bool = False
-    cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
     compile_mode: str = "max-autotune-no-cudagraphs"
+    cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
 
