@@ -25,6 +25,13 @@ Run (GPU only: airbench94 needs CUDA and torchvision), from the repository root:
   data, e.g. `cp -r ../shared/datasets/cifar10-jpeg third_party/` (~55 MB of files; a decoded cache is ~185 MB,
   over the 64 MiB carry limit). cuDNN autotuning: airbench turns it on at import; ours sets it from its config
   (cudnn_benchmark, default on), so each side runs as it would on its own.
+Accuracy side by side on the CPU (no GPU needed; about an hour per run of each on 2 cores):
+  PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py --on-cpu \
+      --data ../shared/datasets/cifar10-jpeg --runs 1 --out benchmarks/results/vs_airbench/<name>.json
+  Both systems in fp32 on the CPU, no warm-ups. airbench's own code runs unchanged; `airbench_on_cpu` maps its
+  few CUDA and fp16 calls to CPU and fp32 while it runs (and stands in for torchvision.transforms.Normalize when
+  torchvision is absent). This answers "does our recipe learn as well as airbench94 on this data?"; its times are
+  CPU fp32 times and say nothing about the GPU race.
 Plumbing check on CPU (ours only, tiny synthetic data; airbench is not imported):
   python benchmarks/vs_airbench.py --dry-run-cpu --data synthetic:train=256,test=64 --runs 2 \
       --set batch_size=64 --set widths=8,16,16 --set epochs=0.25 --out /tmp/vs_airbench.json
@@ -39,13 +46,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import importlib.util
 import io
 import os
 import shlex
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -111,6 +122,87 @@ def airbench_run(train94, seed: int) -> tuple[float, float]:
     return parse_airbench_table(out.getvalue())
 
 
+class _HostEvent:
+    """torch.cuda.Event's timing calls on the host clock, for airbench on the CPU (where work is synchronous)."""
+
+    def __init__(self, enable_timing: bool = False, **_):
+        self.seconds: float | None = None
+
+    def record(self, stream=None) -> None:
+        self.seconds = time.perf_counter()
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return 1e3 * (end.seconds - self.seconds)  # milliseconds, as CUDA events report
+
+
+class _Normalize:
+    """torchvision.transforms.Normalize on an (N, C, H, W) float tensor: (x - mean[c]) / std[c]."""
+
+    def __init__(self, mean, std):
+        self.mean, self.std = mean, std
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        return (x - mean) / std
+
+
+def _gpu_default_to_cpu(init) -> tuple:
+    """CifarLoader.__init__'s defaults with gpu=0 replaced by 'cpu' (torch.device(0) raises without CUDA)."""
+    code = init.__code__
+    names = code.co_varnames[:code.co_argcount]
+    defaults = list(init.__defaults__)
+    defaults[names.index("gpu") - (len(names) - len(defaults))] = "cpu"
+    return tuple(defaults)
+
+
+@contextlib.contextmanager
+def _torchvision_stand_in():
+    """sys.modules['torchvision'(.transforms)] -> modules holding only Normalize, removed on exit.
+
+    Only these two keys are touched: restoring all of sys.modules would also drop whatever was imported meanwhile
+    (torch imports torch._dynamo lazily, and a second import of it fails).
+    """
+    transforms = types.ModuleType("torchvision.transforms")
+    transforms.Normalize = _Normalize
+    torchvision = types.ModuleType("torchvision")
+    torchvision.transforms = transforms
+    stubs = {"torchvision": torchvision, "torchvision.transforms": transforms}
+    sys.modules.update(stubs)
+    try:
+        yield
+    finally:
+        for name, module in stubs.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+
+
+@contextlib.contextmanager
+def airbench_on_cpu(loader_class=None):
+    """While inside, airbench 0.1.8's code runs on the CPU in fp32, its source untouched.
+
+    airbench94 calls CUDA and fp16 in exactly these places (checked against the 0.1.8 sdist): make_net94 does
+    net.half().cuda(); CifarLoader (`loader_class`, once imported) loads to its default gpu=0 and converts images
+    with Tensor.half(); train times with torch.cuda.Event and torch.cuda.synchronize. Here .cuda() and
+    Module.half() keep the module as it is, Tensor.half() gives fp32, the loader's default device is the CPU, and
+    events read the host clock. utils.py imports
+    torchvision for transforms.Normalize (and for a download that write_airbench_cache makes unnecessary); when
+    torchvision is missing a module holding only Normalize stands in for it. Everything is restored on exit.
+    """
+    with contextlib.ExitStack() as stack:
+        patch = lambda obj, name, new: stack.enter_context(mock.patch.object(obj, name, new))
+        patch(torch.nn.Module, "cuda", lambda self, device=None: self)
+        patch(torch.nn.Module, "half", lambda self: self)
+        patch(torch.Tensor, "half", lambda self, memory_format=torch.preserve_format: self.float())
+        if loader_class is not None:
+            patch(loader_class.__init__, "__defaults__", _gpu_default_to_cpu(loader_class.__init__))
+        patch(torch.cuda, "Event", _HostEvent)
+        patch(torch.cuda, "synchronize", lambda device=None: None)
+        if importlib.util.find_spec("torchvision") is None:
+            stack.enter_context(_torchvision_stand_in())
+        yield
+
+
 @contextlib.contextmanager
 def airbench_cudnn():
     """airbench runs with cudnn.benchmark on (it sets it at import); ours may have set it off (--set)."""
@@ -153,7 +245,8 @@ def markdown(report: dict) -> str:
     date = env["timestamp_utc"][:10]
     lines = ["| date | device | command | system | n | accuracy % (mean ± std) | seconds (mean ± std) |",
              "|---|---|---|---|---|---|---|"]
-    for label, key in [(f"speedrun {report['ours']['recipe']}", "ours"), (AIRBENCH, "airbench")]:
+    mode = " (fp32 on the CPU)" if report.get("on_cpu") else ""
+    for label, key in [(f"speedrun {report['ours']['recipe']}{mode}", "ours"), (AIRBENCH + mode, "airbench")]:
         s = report[key]
         if s is None:
             continue
@@ -170,18 +263,32 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def pick_device(dry_run_cpu: bool) -> torch.device:
-    if dry_run_cpu:
+def pick_device(on_cpu: bool) -> torch.device:
+    if on_cpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError("airbench94 runs only on CUDA and no GPU is visible; use --dry-run-cpu to check on CPU")
+        raise ValueError("no GPU is visible: the timing comparison needs CUDA; --on-cpu compares accuracy on the "
+                         "CPU, --dry-run-cpu checks the plumbing")
     return torch.device("cuda")
+
+
+def import_train94(on_cpu: bool):
+    try:
+        if on_cpu:
+            with airbench_on_cpu():  # the torchvision stand-in must be in place while airbench imports
+                from airbench.lib_airbench94 import train94
+        else:
+            from airbench.lib_airbench94 import train94
+    except ImportError as e:
+        raise ValueError(f"cannot import airbench ({e}); run with PYTHONPATH=src:third_party/airbench-0.1.8"
+                         + ("" if on_cpu else " and torchvision installed")) from None
+    return train94
 
 
 def run(args: argparse.Namespace, command: str) -> dict:
     rec = get_recipe(args.ours_recipe)
     cfg = make_config(rec, None, parse_set_args(args.set))
-    device = pick_device(args.dry_run_cpu)
+    device = pick_device(args.dry_run_cpu or args.on_cpu)
     start = time.perf_counter()
     # download=False: the GPU machine has no network, so a named dataset must already be in the cache.
     data = fixed_train_order(load_dataset(args.data, cache_dir=args.cache_dir, download=False, log=log))
@@ -190,6 +297,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
     out_path = Path(args.out).resolve() if args.out else default_result_path("vs_airbench", data.name).resolve()
     report = {"benchmark": "vs_airbench", "command": command, "timed_region": TIMED_REGION,
               "runs_planned": args.runs, "complete": False, "dry_run_cpu": args.dry_run_cpu,
+              "on_cpu": args.on_cpu,
               "data": {"name": data.name, "spec": args.data,
                        "train": len(data.train_labels), "test": len(data.test_labels),
                        "train_order_seed": TRAIN_ORDER_SEED, "load_seconds": data_seconds},
@@ -197,38 +305,45 @@ def run(args: argparse.Namespace, command: str) -> dict:
     ours_meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg)}
     ab_meta = {"system": AIRBENCH, "cudnn_benchmark": True,  # what airbench sets at import
                "accuracy_note": "tta_val_acc as printed, 4 decimals"}
+    if args.on_cpu:
+        ab_meta["on_cpu"] = "fp32 on the CPU through airbench_on_cpu (its code unchanged)"
+    # On the CPU nothing is compiled or autotuned, so a warm-up would only cost an hour per system.
+    warm_up = not args.on_cpu
     ours: list[dict] = []
     theirs: list[dict] = []
+
+    def save(done: int) -> None:
+        # Written after every run: a benchmark cut off at the device's time limit keeps what finished.
+        report.update(ours={**ours_meta, **side(ours)} if ours else None, comparison=compare(ours, theirs),
+                      airbench={**ab_meta, **side(theirs)} if theirs else None, complete=done == args.runs)
+        write_json(out_path, report)
+
     with tempfile.TemporaryDirectory(prefix="vs_airbench-") as work:
         write_airbench_cache(data, work)
-        train94 = None
-        if not args.dry_run_cpu:
-            try:
-                from airbench.lib_airbench94 import train94
-            except ImportError as e:
-                raise ValueError(f"cannot import airbench ({e}); run with PYTHONPATH=src:third_party/airbench-0.1.8 "
-                                 "and torchvision installed") from None
-        ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
-        if train94 is not None:
-            start = time.perf_counter()
-            with contextlib.chdir(work), airbench_cudnn():
-                ab_meta["warmup_accuracy"], ab_meta["warmup_timed_seconds"] = airbench_run(train94, seed=0)
-            ab_meta["warmup_seconds"] = time.perf_counter() - start
-        log(f"warm-up done (untimed); {args.runs} interleaved run(s) of each; timed region: {TIMED_REGION}")
-        for i in range(args.runs):
-            r = rec.run(cfg, data, device, i)
-            ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
-            msg = f"run {i + 1}/{args.runs}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s"
+        train94 = None if args.dry_run_cpu else import_train94(args.on_cpu)
+        ab_context = (functools.partial(airbench_on_cpu, train94.__globals__["CifarLoader"]) if args.on_cpu
+                      else airbench_cudnn)
+        if warm_up:
+            ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
             if train94 is not None:
-                with contextlib.chdir(work), airbench_cudnn():
+                start = time.perf_counter()
+                with contextlib.chdir(work), ab_context():
+                    ab_meta["warmup_accuracy"], ab_meta["warmup_timed_seconds"] = airbench_run(train94, seed=0)
+                ab_meta["warmup_seconds"] = time.perf_counter() - start
+        log(f"warm-up {'done (untimed)' if warm_up else 'skipped (CPU)'}; {args.runs} interleaved run(s) of each; "
+            f"timed region: {TIMED_REGION}")
+        for i in range(args.runs):
+            msg = f"run {i + 1}/{args.runs}"
+            if train94 is not None:  # airbench first in each pair: the order within a pair is arbitrary
+                with contextlib.chdir(work), ab_context():
                     acc, secs = airbench_run(train94, seed=i)
                 theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
-                msg += f"  |  airbench {100 * acc:.2f}% {secs:.3f} s"
-            log(msg)
-            # Written after every pair: a run cut off at the device's time limit keeps what finished.
-            report.update(ours={**ours_meta, **side(ours)}, comparison=compare(ours, theirs),
-                          airbench={**ab_meta, **side(theirs)} if theirs else None, complete=i + 1 == args.runs)
-            write_json(out_path, report)
+                log(f"{msg}  airbench {100 * acc:.2f}% {secs:.3f} s")
+                save(i)
+            r = rec.run(cfg, data, device, i)
+            ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
+            log(f"{msg}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s")
+            save(i + 1)
     log(f"result: {out_path}")
     return report
 
@@ -242,7 +357,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
     p.add_argument("--ours-recipe", default="cifar10-94", help="our recipe (default cifar10-94)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our config; repeatable")
-    p.add_argument("--dry-run-cpu", action="store_true", help="plumbing check: CPU, ours only, no airbench")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--on-cpu", action="store_true",
+                      help="accuracy side by side on the CPU, both in fp32, no warm-ups (times are CPU times)")
+    mode.add_argument("--dry-run-cpu", action="store_true", help="plumbing check: CPU, ours only, no airbench")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")

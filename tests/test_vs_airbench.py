@@ -187,3 +187,100 @@ def test_airbench_side_with_a_stand_in(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "| airbench94 0.1.8" in printed and "| 90.25 ± 0.07 | 4.065 ± 0.035 |" in printed
     assert "Time ours / airbench:" in printed
+
+
+class _Loader:
+    def __init__(self, path, train=True, batch_size=500, gpu=0):
+        self.device = torch.device(gpu)  # raises on a machine without CUDA unless gpu is 'cpu'
+
+
+def test_airbench_on_cpu_maps_cuda_and_fp16_calls_and_restores_them():
+    had_torchvision = "torchvision" in sys.modules
+    defaults = _Loader.__init__.__defaults__
+    with vs.airbench_on_cpu(_Loader):
+        net = torch.nn.Linear(2, 2).half().cuda()
+        assert net.weight.dtype == torch.float32 and net.weight.device.type == "cpu"
+        assert torch.ones(2, dtype=torch.uint8).half().dtype == torch.float32
+        assert _Loader("cifar10").device == torch.device("cpu")
+        assert _Loader("cifar10", gpu="cpu").device == torch.device("cpu")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda.synchronize()
+        end.record()
+        assert 0.0 <= start.elapsed_time(end) < 1e3  # milliseconds
+        if not had_torchvision:
+            import torchvision.transforms as T
+            x = torch.tensor([[[[1.0]], [[2.0]]]]).to(memory_format=torch.channels_last)  # (1, 2, 1, 1)
+            assert torch.equal(T.Normalize((1.0, 0.0), (2.0, 4.0))(x).flatten(), torch.tensor([0.0, 0.5]))
+        import xml.dom.minidom  # noqa: F401  imported inside: must survive the exit
+    assert torch.nn.Linear(2, 2).half().weight.dtype == torch.float16
+    assert torch.ones(2).half().dtype == torch.float16
+    assert _Loader.__init__.__defaults__ == defaults
+    assert torch.cuda.Event is not vs._HostEvent
+    assert ("torchvision" in sys.modules) == had_torchvision
+    assert "xml.dom.minidom" in sys.modules
+
+
+# airbench 0.1.8's CUDA and fp16 calls, in the places it makes them: torchvision at import, the loader's gpu=0
+# default, Tensor.half() on the images, net.half().cuda(), CUDA events around the timed region.
+FAKE_AIRBENCH_CUDA = '''
+import os
+import torch
+import torchvision.transforms as T
+
+calls = []
+
+class CifarLoader:
+    def __init__(self, path, train=True, batch_size=500, aug=None, drop_last=None, shuffle=None, altflip=False,
+                 gpu=0):
+        data = torch.load(os.path.join(path, "train.pt" if train else "test.pt"), map_location=torch.device(gpu))
+        self.images = T.Normalize((0.5,) * 3, (0.25,) * 3)(data["images"].half().permute(0, 3, 1, 2) / 255)
+        self.labels = data["labels"]
+
+def train94(run=0, verbose=True):
+    train, test = CifarLoader("cifar10"), CifarLoader("cifar10", train=False)
+    net = torch.nn.Conv2d(3, 10, 32).half().cuda()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    acc = (net(test.images).flatten(1).argmax(1) == test.labels).float().mean().item()
+    end.record()
+    torch.cuda.synchronize()
+    calls.append({"run": run, "seed": torch.initial_seed(), "dtype": str(net.weight.dtype),
+                  "images": str(train.images.dtype), "n": len(train.labels)})
+    print("|          |   eval  |      1.0000  |     0.9000  |   0.9000  |  %11.4f  |  %18.4f  |"
+          % (acc, 1e-3 * start.elapsed_time(end)))
+'''
+
+
+def test_on_cpu_runs_a_cuda_only_airbench_stand_in(tmp_path, monkeypatch, capsys):
+    (tmp_path / "fake" / "airbench").mkdir(parents=True)
+    (tmp_path / "fake" / "airbench" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "airbench" / "lib_airbench94.py").write_text(FAKE_AIRBENCH_CUDA)
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    for name in ("airbench", "airbench.lib_airbench94"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    out = tmp_path / "vs.json"
+    try:
+        rc = vs.main(["--on-cpu", "--data", "synthetic:train=256,test=64", "--out", str(out)] + TINY_ARGS[1:])
+        calls = sys.modules["airbench.lib_airbench94"].calls
+    finally:
+        for name in ("airbench", "airbench.lib_airbench94"):
+            sys.modules.pop(name, None)
+    assert rc == 0
+    # No warm-up on the CPU: one call per seed, all in fp32.
+    assert calls == [{"run": i, "seed": i, "dtype": "torch.float32", "images": "torch.float32", "n": 256}
+                     for i in range(2)]
+    report = json.loads(out.read_text())
+    assert report["on_cpu"] and not report["dry_run_cpu"] and report["complete"]
+    assert "warmup_seconds" not in report["ours"] and "warmup_accuracy" not in report["airbench"]
+    assert report["airbench"]["accuracy"]["n"] == 2 and report["comparison"] is not None
+    assert torch.nn.Linear(1, 1).half().weight.dtype == torch.float16  # patches gone after the run
+    printed = capsys.readouterr().out
+    assert "| speedrun cifar10-94 (fp32 on the CPU) | 2 |" in printed
+    assert "(fp32 on the CPU) | 2 |" in printed.split("speedrun cifar10-94")[-1]
+
+
+def test_on_cpu_and_dry_run_cpu_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as e:
+        vs.main(["--data", "synthetic", "--on-cpu", "--dry-run-cpu"])
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
