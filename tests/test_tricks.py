@@ -197,3 +197,15 @@ def test_system_tricks_off_are_identity():
         assert not torch.is_autocast_enabled("cpu")
     with pytest.raises(ValueError):
         precision.resolve_precision("fp8", CPU)
+
+
+@pytest.mark.parametrize("setting, device, expected", [
+    ("auto", "cpu", True), ("auto", "cuda", True), ("auto", "mps", False),  # measured faster on CPU: step_time.py
+    ("on", "mps", True), ("off", "cpu", False), ("off", "cuda", False), ("on", "cpu", True)])
+def test_resolve_channels_last(setting, device, expected):
+    assert precision.resolve_channels_last(setting, torch.device(device)) is expected
+
+
+def test_resolve_channels_last_rejects_unknown_setting():
+    with pytest.raises(ValueError, match="channels_last must be one of"):
+        precision.resolve_channels_last("nhwc", CPU)

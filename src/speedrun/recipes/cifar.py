@@ -38,8 +38,8 @@ from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
-from speedrun.tricks.precision import (autocast, maybe_compile, resolve_precision, set_cudnn_benchmark,
-                                      to_channels_last)
+from speedrun.tricks.precision import (autocast, maybe_compile, resolve_channels_last, resolve_precision,
+                                      set_cudnn_benchmark, to_channels_last)
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.whitening import patch_whitening_init_
 
@@ -94,7 +94,7 @@ class CifarConfig:
     muon_weight_decay_per_example: float = 2e-6  # times batch_size, per step
     # System (tricks/precision.py)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
-    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA
+    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU, off for MPS
     compile: bool = False
     compile_mode: str = "max-autotune-no-cudagraphs"
     cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
@@ -158,6 +158,11 @@ class RunResult:
                 "epochs": self.epochs, "steps": self.steps, "history": self.history}
 
 
+def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
+    return CifarNet(in_channels, num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px, cfg.bn_momentum,
+                    cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation)
+
+
 def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
     """Parameter groups as airbench. SGD (airbench94): BN parameters get the bias lr multiplier; the whitening
     bias, conv filters and head the base lr. Muon (airbench94_muon): Muon on the conv filters; SGD with one lr
@@ -202,7 +207,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     cfg.validate()
     seed_everything(seed)
     precision = resolve_precision(cfg.precision, device)
-    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and device.type == "cuda")
+    channels_last = resolve_channels_last(cfg.channels_last, device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     in_channels, _, _ = data.image_shape
 
@@ -216,10 +221,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                           channels_last=channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
                           cutout_px=cfg.cutout_px, cutmix_px=cfg.cutmix_px, seed=seed)
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
-    model = CifarNet(in_channels, data.num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px,
-                     cfg.bn_momentum, cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale,
-                     cfg.activation).to(device)
-    model = to_channels_last(model, channels_last)
+    model = to_channels_last(build_model(cfg, in_channels, data.num_classes).to(device), channels_last)
     set_cudnn_benchmark(device, cfg.cudnn_benchmark)
     forward = maybe_compile(model, cfg.compile, cfg.compile_mode)
     optimizers = build_optimizers(cfg, model)
