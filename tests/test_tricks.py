@@ -103,14 +103,35 @@ def test_lookahead_update_moves_live_weights_to_the_average():
     start = {k: v.clone() for k, v in net.state_dict().items()}
     with torch.no_grad():
         net.weight.add_(1.0)
-    la.update(net, decay=0.75)
+    la.update(decay=0.75)
     assert torch.allclose(net.weight, start["weight"] + 0.25)
-    assert torch.equal(la.slow["weight"], net.weight)
+    assert torch.equal(la.slow[la.names.index("weight")], net.weight)
     before = net.weight.clone()
-    la.update(net, decay=1.0)  # the final sync: live takes the slow copy, unchanged
+    la.update(decay=1.0)  # the final sync: live takes the slow copy, unchanged
     assert torch.equal(net.weight, before)
     assert lookahead_decay(0, 100) == 0.0
     assert lookahead_decay(100, 100) == pytest.approx(0.95**5)
+
+
+def test_lookahead_fused_update_equals_the_per_tensor_rule():
+    """ema <- lerp(ema, w, 1 - decay); w <- ema, for every float tensor (BN running stats too), bit for bit."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    la = Lookahead(net)
+    assert "1.num_batches_tracked" not in la.names and "1.running_mean" in la.names
+    expected = {k: v.clone() for k, v in net.state_dict().items() if v.is_floating_point()}
+    for decay in (0.1, 0.6):
+        net(torch.randn(8, 3, 6, 6)).sum().backward()  # BN running stats move
+        with torch.no_grad():
+            for p in net.parameters():
+                p.sub_(0.1 * p.grad)
+        for name, live in net.state_dict().items():
+            if live.is_floating_point():
+                expected[name].lerp_(live, 1 - decay)
+        la.update(decay)
+        for name, live in net.state_dict().items():
+            if live.is_floating_point():
+                assert torch.equal(live, expected[name]), name
 
 
 def test_lookahead_off_never_touches_the_weights(monkeypatch, tiny):
@@ -123,7 +144,7 @@ def test_lookahead_off_never_touches_the_weights(monkeypatch, tiny):
 def test_lookahead_on_is_its_only_effect(monkeypatch, tiny):
     """With Lookahead's update replaced by a no-op, lookahead=true trains exactly like lookahead=false."""
     off = cifar.train_run(small_cfg(lookahead=False, epochs=0.5), tiny, CPU, seed=1)
-    monkeypatch.setattr(lookahead_mod.Lookahead, "update", lambda self, model, decay: None)
+    monkeypatch.setattr(lookahead_mod.Lookahead, "update", lambda self, decay: None)
     on = cifar.train_run(small_cfg(lookahead=True, epochs=0.5), tiny, CPU, seed=1)
     for a, b in zip(off.model.state_dict().values(), on.model.state_dict().values()):
         assert torch.equal(a, b)

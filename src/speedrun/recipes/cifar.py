@@ -260,8 +260,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             opt.step()
         step += 1
         if lookahead is not None and step % cfg.lookahead_every_steps == 0:
-            lookahead.update(model, lookahead_decay(step, total_steps, cfg.lookahead_base,
-                                                    cfg.lookahead_every_steps))
+            lookahead.update(lookahead_decay(step, total_steps, cfg.lookahead_base, cfg.lookahead_every_steps))
         if on_step is not None:
             on_step(step, total_steps)
         if int(loader.epoch_at(step)) > epoch_done and step < total_steps:
@@ -277,7 +276,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                 on_epoch(row)
             timer.start()
     if lookahead is not None:
-        lookahead.update(model, 1.0)  # final sync: the live net takes the averaged weights
+        lookahead.update(1.0)  # final sync: the live net takes the averaged weights
     accuracy = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,
                         channels_last=channels_last, tta_level=cfg.tta_level, batch_size=cfg.eval_batch_size,
                         autocast=amp)

@@ -21,12 +21,21 @@ def lookahead_decay(step: int, total_steps: int, base: float = 0.95, every_steps
 
 
 class Lookahead:
+    """Slow copies of `model`'s floating-point state, updated in two fused (foreach) ops.
+
+    Holds the model's own tensors (state_dict views share their storage), so the model must not swap its
+    parameters or buffers for new tensors afterwards (a later .to(device) would): create it last.
+    """
+
     def __init__(self, model: nn.Module):
-        self.slow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+        live = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+        self.names = list(live)
+        self.live = list(live.values())
+        self.slow = [v.detach().clone() for v in self.live]
 
     @torch.no_grad()
-    def update(self, model: nn.Module, decay: float) -> None:
-        live = model.state_dict()
-        for name, slow in self.slow.items():
-            slow.lerp_(live[name], 1 - decay)
-            live[name].copy_(slow)
+    def update(self, decay: float) -> None:
+        # One multi-tensor launch each instead of two per tensor (airbench loops over the tensors): ~30
+        # tensors, every 5 steps, on a 484-step run where each kernel launch costs microseconds.
+        torch._foreach_lerp_(self.slow, self.live, 1 - decay)
+        torch._foreach_copy_(self.live, self.slow)
