@@ -185,12 +185,14 @@ def airbench_on_cpu(loader_class=None):
     net.half().cuda(); CifarLoader (`loader_class`, once imported) loads to its default gpu=0 and converts images
     with Tensor.half(); train times with torch.cuda.Event and torch.cuda.synchronize. Here .cuda() and
     Module.half() keep the module as it is, Tensor.half() gives fp32, the loader's default device is the CPU, and
-    events read the host clock. utils.py imports
-    torchvision for transforms.Normalize (and for a download that write_airbench_cache makes unnecessary); when
-    torchvision is missing a module holding only Normalize stands in for it. Everything is restored on exit.
+    events read the host clock. utils.py imports torchvision for transforms.Normalize (and for a download that
+    write_airbench_cache makes unnecessary); when torchvision is missing, a module holding only Normalize stands
+    in for it. Everything is restored on exit.
     """
     with contextlib.ExitStack() as stack:
-        patch = lambda obj, name, new: stack.enter_context(mock.patch.object(obj, name, new))
+        def patch(obj, name: str, new) -> None:
+            stack.enter_context(mock.patch.object(obj, name, new))
+
         patch(torch.nn.Module, "cuda", lambda self, device=None: self)
         patch(torch.nn.Module, "half", lambda self: self)
         patch(torch.Tensor, "half", lambda self, memory_format=torch.preserve_format: self.float())
