@@ -1,21 +1,27 @@
-"""Turn stored result JSONs (from `speedrun train --json`) into the markdown table of BENCHMARKS.md.
+"""Turn stored result JSONs into the markdown tables of BENCHMARKS.md.
 
-    python benchmarks/table.py benchmarks/results/*.json              # print the table
-    python benchmarks/table.py --write BENCHMARKS.md benchmarks/results/*.json
+    python benchmarks/table.py benchmarks/results/*.json benchmarks/results/*/*.json          # print them
+    python benchmarks/table.py --write BENCHMARKS.md benchmarks/results/*.json benchmarks/results/*/*.json
 
---write replaces the text between the `<!-- results:begin -->` and `<!-- results:end -->` markers, so the
-numbers in BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
+Each kind of result has its own table: `speedrun train --json` results go between `<!-- results:begin -->` and
+`<!-- results:end -->`; the reports of benchmarks/vs_airbench.py and benchmarks/step_time.py (their "benchmark"
+field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
+scripts' own markdown(). --write replaces the marked sections of the kinds given, so the numbers in
+BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 from speedrun.results import load_result
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
+BENCHMARKS = ("vs_airbench", "step_time")  # scripts beside this one, each with markdown(report) -> str
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
 
@@ -26,40 +32,73 @@ def row(result: dict) -> str:
     device = f"{env['device_type']}: {env['device_name']}" + (
         f" ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else "")
     command = result.get("command") or "(not recorded)"
+    spread = acc["n"] > 1  # one run has no standard deviation or interval
+    mean_pm = f"{100 * acc['mean']:.2f}" + (f" ± {100 * acc['std']:.2f}" if spread else "")
+    interval = f"{100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f}" if spread else "n/a (n = 1)"
+    secs_pm = f"{secs['mean']:.1f}" + (f" ± {secs['std']:.1f}" if spread else "")
     return (f"| {env['timestamp_utc'][:10]} | {device} | `{command}` | {acc['n']} "
-            f"| {100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} "
-            f"| {100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f} "
-            f"| {secs['mean']:.1f} ± {secs['std']:.1f} "
+            f"| {mean_pm} | {interval} | {secs_pm} "
             f"| {round(result['hit_rate'] * acc['n'])}/{acc['n']} ≥ {100 * result['target_accuracy']:.0f}% |")
 
 
-def table(paths: list[Path]) -> str:
-    rows = [load_result(p) for p in sorted(paths)]
-    rows.sort(key=lambda r: r["environment"]["timestamp_utc"])
-    return "\n".join([HEADER, *(row(r) for r in rows)])
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tables(paths: list[Path]) -> dict[str, str]:
+    """{kind: markdown} for the kinds among `paths`, each kind's results in time order."""
+    by_kind: dict[str, list[dict]] = {}
+    for path in sorted(paths):
+        result = load_result(path)
+        kind = result.get("benchmark", TRAIN)
+        if kind != TRAIN and kind not in BENCHMARKS:
+            raise ValueError(f"{path}: unknown benchmark {kind!r}; this script renders {', '.join(BENCHMARKS)}")
+        by_kind.setdefault(kind, []).append(result)
+    out = {}
+    for kind, results in by_kind.items():
+        results.sort(key=lambda r: r["environment"]["timestamp_utc"])
+        if kind == TRAIN:
+            out[kind] = "\n".join([HEADER, *(row(r) for r in results)])
+        else:
+            render = _sibling(kind).markdown
+            out[kind] = "\n\n".join(render(r) for r in results)
+    return out
+
+
+def markers(kind: str) -> tuple[str, str]:
+    return f"<!-- {kind}:begin -->", f"<!-- {kind}:end -->"
+
+
+def replace_sections(doc: str, sections: dict[str, str], name: str) -> str:
+    """`doc` with each kind's marked section replaced; a kind without its markers is a ValueError."""
+    for kind, text in sections.items():
+        begin, end = markers(kind)
+        if begin not in doc or end not in doc:
+            raise ValueError(f"{name} has no {begin} ... {end} markers; add them where the {kind} table goes")
+        head, rest = doc.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        doc = f"{head}{begin}\n{text}\n{end}{tail}"
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--write", type=Path, help="markdown file whose marked section is replaced")
+    parser.add_argument("--write", type=Path, help="markdown file whose marked sections are replaced")
     args = parser.parse_args(argv)
     try:
-        text = table(args.results)
+        sections = tables(args.results)
+        if args.write is None:
+            print("\n\n".join(sections.values()))
+            return 0
+        doc = replace_sections(args.write.read_text(), sections, str(args.write))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"table: error: {exc}", file=sys.stderr)
         return 2
-    if args.write is None:
-        print(text)
-        return 0
-    doc = args.write.read_text()
-    if BEGIN not in doc or END not in doc:
-        print(f"table: error: {args.write} has no {BEGIN} ... {END} markers; add them where the table goes",
-              file=sys.stderr)
-        return 2
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    args.write.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    args.write.write_text(doc)  # only once every section has been rendered and placed
     return 0
 
 

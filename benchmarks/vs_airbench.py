@@ -245,16 +245,22 @@ def markdown(report: dict) -> str:
     """Rows for BENCHMARKS.md: date, device, exact command, n, mean ± std, and the comparison line."""
     env, cmd = report["environment"], report["command"].replace("|", "\\|")
     date = env["timestamp_utc"][:10]
+    device = env["device_name"] + (f" ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else "")
     lines = ["| date | device | command | system | n | accuracy % (mean ± std) | seconds (mean ± std) |",
              "|---|---|---|---|---|---|---|"]
     mode = " (fp32 on the CPU)" if report.get("on_cpu") else ""
-    for label, key in [(f"speedrun {report['ours']['recipe']}{mode}", "ours"), (AIRBENCH + mode, "airbench")]:
+    for key in ("ours", "airbench"):
         s = report[key]
         if s is None:
             continue
+        label = (f"speedrun {s['recipe']}" if key == "ours" else AIRBENCH) + mode
         acc, sec = s["accuracy"], s["train_seconds"]
-        lines.append(f"| {date} | {env['device_name']} | `{cmd}` | {label} | {acc['n']} | "
-                     f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} | {sec['mean']:.3f} ± {sec['std']:.3f} |")
+        spread = acc["n"] > 1  # one run has no standard deviation
+        acc_text = f"{100 * acc['mean']:.2f}" + (f" ± {100 * acc['std']:.2f}" if spread else "")
+        sec_text = f"{sec['mean']:.3f}" + (f" ± {sec['std']:.3f}" if spread else "")
+        lines.append(f"| {date} | {device} | `{cmd}` | {label} | {acc['n']} | {acc_text} | {sec_text} |")
+    if not report["complete"]:
+        lines.append(f"\nIncomplete: stopped before all {report['runs_planned']} planned run(s) of each finished.")
     c = report["comparison"]
     if c is not None:
         r, d = c["time_ratio_ours_over_airbench"], c["accuracy_diff_ours_minus_airbench"]

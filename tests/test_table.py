@@ -37,3 +37,52 @@ def test_missing_markers_and_bad_files_are_one_line_errors(tmp_path, capsys):
     assert table.main(["--write", str(doc), str(good)]) == 2
     assert doc.read_text() == "no markers"
     assert all(line.startswith("table: error:") for line in capsys.readouterr().err.strip().splitlines())
+
+
+def _step_time_report(path):
+    spec_st = importlib.util.spec_from_file_location("step_time", Path(__file__).parents[1] / "benchmarks" /
+                                                     "step_time.py")
+    st = importlib.util.module_from_spec(spec_st)
+    spec_st.loader.exec_module(st)
+    assert st.main(["--device", "cpu", "--batch-size", "4", "--steps", "2", "--variant", "widths=8,8,8",
+                    "--variant", "widths=8,8,8 channels_last=off", "--out", str(path)]) == 0
+
+
+def test_each_kind_goes_to_its_own_section_and_others_stay(tmp_path, capsys):
+    train = tmp_path / "train.json"
+    assert speedrun_main(["train", "--dataset", "synthetic:train=32,test=8", "--device", "cpu", "--epochs", "1",
+                          "--set", "batch_size=32", "--set", "widths=8,8,8", "--set", "whiten_images=16",
+                          "--json", str(train), "--quiet"]) == 0
+    steps = tmp_path / "steps.json"
+    _step_time_report(steps)
+    doc = tmp_path / "B.md"
+    vs_begin, vs_end = table.markers("vs_airbench")
+    st_begin, st_end = table.markers("step_time")
+    doc.write_text(f"{table.BEGIN}\nold\n{table.END}\n{vs_begin}\nkept\n{vs_end}\n{st_begin}\nold\n{st_end}\n")
+    capsys.readouterr()
+    assert table.main(["--write", str(doc), str(train), str(steps)]) == 0
+    text = doc.read_text()
+    assert "old" not in text and "kept" in text  # no vs_airbench result given: its section is left alone
+    results = text.split(table.BEGIN)[1].split(table.END)[0]
+    assert "synthetic" in results and "| 1 | " in results and "n/a (n = 1)" in results  # one run: no spread
+    step_rows = [line for line in text.split(st_begin)[1].split(st_end)[0].splitlines() if line.startswith("| 20")]
+    assert len(step_rows) == 2 and step_rows[0].endswith("| 1 (reference) |")
+
+
+def test_a_missing_section_leaves_the_file_untouched(tmp_path, capsys):
+    steps = tmp_path / "steps.json"
+    _step_time_report(steps)
+    doc = tmp_path / "B.md"
+    doc.write_text(f"{table.BEGIN}\nold\n{table.END}\n")
+    capsys.readouterr()
+    assert table.main(["--write", str(doc), str(steps)]) == 2
+    assert doc.read_text() == f"{table.BEGIN}\nold\n{table.END}\n"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "<!-- step_time:begin -->" in err[0]
+
+
+def test_unknown_benchmark_kind_is_a_one_line_error(tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text('{"benchmark": "mystery", "environment": {"timestamp_utc": "2026-01-01"}}')
+    assert table.main([str(other)]) == 2
+    assert "unknown benchmark 'mystery'" in capsys.readouterr().err
