@@ -12,7 +12,7 @@ compile: torch.compile of the model (airbench94: 3.83 s -> 3.29 s); its compilat
   warm-up run.
 cudnn_benchmark: cuDNN times the candidate algorithms for each new convolution shape once and keeps the
   fastest (PyTorch performance guide); the timing happens in the untimed warm-up run.
-"auto" on CPU: fp32, channels_last, no compile; on Apple's MPS: fp32, NCHW (its NHWC support is partial).
+"auto" on CPU: fp32, channels_last, no compile; on Apple's MPS: fp32 and NCHW (NHWC not measured there).
 """
 
 from __future__ import annotations
