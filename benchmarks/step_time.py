@@ -4,8 +4,8 @@
         --variant channels_last=off --variant channels_last=on
 
 Each --variant is one set of config overrides (space-separated KEY=VALUE, as `speedrun train --set`). A step is
-what the recipe does per batch: forward under the variant's autocast, label-smoothed loss, backward, optimizer
-step, on random inputs in the variant's dtype and memory layout (speed only: nothing is learned). After one
+the recipe's own `train_step` (forward under the variant's autocast, label-smoothed loss, backward, optimizer
+step), on random inputs in the variant's dtype and memory layout (speed only: nothing is learned). After one
 untimed step of each variant, the variants take turns (A B A B ...) so drift and background load hit them alike.
 Each step is timed alone with device synchronization (CUDA events on GPUs). Reported per variant: mean ± std of
 the step seconds, the 95% t-interval, and the ratio of its mean to the first variant's (95% CI, delta method).
@@ -25,12 +25,11 @@ import torch
 
 from speedrun.config import parse_set_args
 from speedrun.engine import Timer, resolve_device, seed_everything
-from speedrun.recipes.cifar import build_model, build_optimizers
-from speedrun.results import environment, write_json
+from speedrun.recipes.cifar import build_model, build_optimizers, train_step
+from speedrun.results import device_label, environment, mean_std_text, write_json
 from speedrun.runs import get_recipe, make_config
 from speedrun.stats import ratio_ci95, summarize
-from speedrun.tricks.label_smoothing import cross_entropy
-from speedrun.tricks.precision import (autocast, maybe_compile, resolve_channels_last, resolve_precision,
+from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
                                       to_channels_last)
 
 
@@ -49,22 +48,15 @@ class Variant:
         self.model = to_channels_last(model, self.channels_last)
         self.forward = maybe_compile(self.model, self.cfg.compile, self.cfg.compile_mode)
         self.optimizers = build_optimizers(self.cfg, self.model)
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
-        x = torch.randn(batch_size, *image_shape, device=device).to(dtype)
+        x = torch.randn(batch_size, *image_shape, device=device).to(DTYPES[self.precision])
         self.inputs = x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
         self.targets = torch.randint(0, num_classes, (batch_size,), device=device)
 
     def step(self) -> float:
         timer = Timer(self.device)
         timer.start()
-        with autocast(self.device, self.precision):
-            logits = self.forward(self.inputs)
-        loss = cross_entropy(logits, self.targets, self.cfg.label_smoothing)
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        for opt in self.optimizers:
-            opt.step()
+        train_step(self.forward, self.optimizers, self.inputs, self.targets, self.cfg.label_smoothing,
+                   lambda: autocast(self.device, self.precision))
         return timer.stop()
 
     def describe(self) -> str:
@@ -105,8 +97,8 @@ def markdown(report: dict) -> str:
     for i, r in enumerate(report["variants"]):
         s, q = r["summary"], r["ratio_to_first"]
         ratio = "1 (reference)" if i == 0 else f"{q['value']:.3f} ({q['ci95_low']:.3f} to {q['ci95_high']:.3f})"
-        lines.append(f"| {env['timestamp_utc'][:10]} | {env['device_name']} ({report['threads']} threads) | "
-                     f"`{cmd}` | {r['resolved']} | {s['n']} | {s['mean']:.4f} ± {s['std']:.4f} | {ratio} |")
+        lines.append(f"| {env['timestamp_utc'][:10]} | {device_label(env)} | `{cmd}` | {r['resolved']} | {s['n']} | "
+                     f"{mean_std_text(s, 1, 4)} | {ratio} |")
     return "\n".join(lines)
 
 

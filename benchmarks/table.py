@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from speedrun.results import load_result
+from speedrun.results import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
@@ -29,15 +29,11 @@ HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | t
 def row(result: dict) -> str:
     env = result["environment"]
     acc, secs = result["accuracy"], result["train_seconds"]
-    device = f"{env['device_type']}: {env['device_name']}" + (
-        f" ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else "")
     command = result.get("command") or "(not recorded)"
-    spread = acc["n"] > 1  # one run has no standard deviation or interval
-    mean_pm = f"{100 * acc['mean']:.2f}" + (f" ± {100 * acc['std']:.2f}" if spread else "")
-    interval = f"{100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f}" if spread else "n/a (n = 1)"
-    secs_pm = f"{secs['mean']:.1f}" + (f" ± {secs['std']:.1f}" if spread else "")
-    return (f"| {env['timestamp_utc'][:10]} | {device} | `{command}` | {acc['n']} "
-            f"| {mean_pm} | {interval} | {secs_pm} "
+    interval = (f"{100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f}" if acc["n"] > 1
+                else "n/a (n = 1)")  # one run has no interval
+    return (f"| {env['timestamp_utc'][:10]} | {env['device_type']}: {device_label(env)} | `{command}` | {acc['n']} "
+            f"| {mean_std_text(acc, 100)} | {interval} | {mean_std_text(secs, 1, 1)} "
             f"| {round(result['hit_rate'] * acc['n'])}/{acc['n']} ≥ {100 * result['target_accuracy']:.0f}% |")
 
 

@@ -63,7 +63,7 @@ import torch
 from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
-from speedrun.results import default_result_path, environment, write_json
+from speedrun.results import default_result_path, device_label, environment, mean_std_text, write_json
 from speedrun.runs import get_recipe, make_config
 from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
 
@@ -245,7 +245,6 @@ def markdown(report: dict) -> str:
     """Rows for BENCHMARKS.md: date, device, exact command, n, mean ± std, and the comparison line."""
     env, cmd = report["environment"], report["command"].replace("|", "\\|")
     date = env["timestamp_utc"][:10]
-    device = env["device_name"] + (f" ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else "")
     lines = ["| date | device | command | system | n | accuracy % (mean ± std) | seconds (mean ± std) |",
              "|---|---|---|---|---|---|---|"]
     mode = " (fp32 on the CPU)" if report.get("on_cpu") else ""
@@ -255,10 +254,8 @@ def markdown(report: dict) -> str:
             continue
         label = (f"speedrun {s['recipe']}" if key == "ours" else AIRBENCH) + mode
         acc, sec = s["accuracy"], s["train_seconds"]
-        spread = acc["n"] > 1  # one run has no standard deviation
-        acc_text = f"{100 * acc['mean']:.2f}" + (f" ± {100 * acc['std']:.2f}" if spread else "")
-        sec_text = f"{sec['mean']:.3f}" + (f" ± {sec['std']:.3f}" if spread else "")
-        lines.append(f"| {date} | {device} | `{cmd}` | {label} | {acc['n']} | {acc_text} | {sec_text} |")
+        lines.append(f"| {date} | {device_label(env)} | `{cmd}` | {label} | {acc['n']} | "
+                     f"{mean_std_text(acc, 100)} | {mean_std_text(sec, 1, 3)} |")
     if not report["complete"]:
         lines.append(f"\nIncomplete: stopped before all {report['runs_planned']} planned run(s) of each finished.")
     c = report["comparison"]

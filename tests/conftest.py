@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,3 +30,12 @@ def make_tiny(n_train=256, n_test=64, shape=(3, 32, 32), classes=10, seed=0) -> 
 @pytest.fixture
 def tiny() -> Dataset:
     return make_tiny()
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

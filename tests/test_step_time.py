@@ -1,15 +1,12 @@
 """benchmarks/step_time.py: variants built from the recipe's config, interleaved timing, report, errors."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "step_time.py"
-_spec = importlib.util.spec_from_file_location("step_time", _PATH)
-st = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(st)
+from conftest import load_benchmark
+
+st = load_benchmark("step_time")
 
 TINY = ["--device", "cpu", "--batch-size", "8", "--steps", "3"]
 

@@ -1,13 +1,9 @@
 """benchmarks/table.py: BENCHMARKS.md rows come from stored result JSONs."""
 
-import importlib.util
-from pathlib import Path
-
+from conftest import load_benchmark
 from speedrun.cli import main as speedrun_main
 
-spec = importlib.util.spec_from_file_location("table", Path(__file__).parents[1] / "benchmarks" / "table.py")
-table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(table)
+table = load_benchmark("table")
 
 
 def test_rows_are_generated_between_the_markers(tmp_path):
@@ -40,11 +36,7 @@ def test_missing_markers_and_bad_files_are_one_line_errors(tmp_path, capsys):
 
 
 def _step_time_report(path):
-    spec_st = importlib.util.spec_from_file_location("step_time", Path(__file__).parents[1] / "benchmarks" /
-                                                     "step_time.py")
-    st = importlib.util.module_from_spec(spec_st)
-    spec_st.loader.exec_module(st)
-    assert st.main(["--device", "cpu", "--batch-size", "4", "--steps", "2", "--variant", "widths=8,8,8",
+    assert load_benchmark("step_time").main(["--device", "cpu", "--batch-size", "4", "--steps", "2", "--variant", "widths=8,8,8",
                     "--variant", "widths=8,8,8 channels_last=off", "--out", str(path)]) == 0
 
 

@@ -1,7 +1,6 @@
 """benchmarks/vs_airbench.py: the data handed to airbench, the parsing of its table, the statistics, and an
 end-to-end CPU dry run (ours only; airbench needs CUDA and torchvision, which the test machine lacks)."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,12 +10,9 @@ import torch
 
 from speedrun.data import sources
 
-from conftest import make_tiny
+from conftest import load_benchmark, make_tiny
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_airbench.py"
-_spec = importlib.util.spec_from_file_location("vs_airbench", _PATH)
-vs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vs)
+vs = load_benchmark("vs_airbench")
 
 # What airbench 0.1.8's utils.print_training_details prints for a run: the header (run 0 only), one row per epoch
 # (the run number only on the first), the final row with epoch 'eval', then a rule. Cells are right-justified to

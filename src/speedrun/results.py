@@ -110,6 +110,18 @@ def environment(device: torch.device | str) -> dict:
     }
 
 
+def device_label(env: dict) -> str:
+    """The device column of the BENCHMARKS.md tables: 'AMD EPYC (2 threads)' on a CPU, the device name elsewhere."""
+    name = env["device_name"] or env["device_type"]
+    return f"{name} ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else name
+
+
+def mean_std_text(summary: dict, scale: float = 1.0, digits: int = 2) -> str:
+    """'mean ± std' of a stats.Summary dict times `scale`; only the mean when n = 1 (one run has no spread)."""
+    text = f"{scale * summary['mean']:.{digits}f}"
+    return text + (f" ± {scale * summary['std']:.{digits}f}" if summary["n"] > 1 else "")
+
+
 def _to_json(obj):
     """json.dump's default=: the non-JSON types results carry. Tuples need nothing: json writes them as lists."""
     if isinstance(obj, Path):

@@ -22,6 +22,7 @@ compile warm-up run are outside it and reported separately.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
-from speedrun.tricks.precision import (autocast, maybe_compile, resolve_channels_last, resolve_precision,
+from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
                                       set_cudnn_benchmark, to_channels_last)
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.whitening import patch_whitening_init_
@@ -188,6 +189,24 @@ def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Opti
     return [sgd, muon]
 
 
+def train_step(forward: Callable[[torch.Tensor], torch.Tensor], optimizers: list[torch.optim.Optimizer],
+               inputs: torch.Tensor, targets: torch.Tensor, label_smoothing: float,
+               amp: Callable[[], contextlib.AbstractContextManager]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step on a batch: forward under amp(), label-smoothed summed loss, backward, every optimizer's step.
+
+    Returns (logits, loss) for the per-epoch table. benchmarks/step_time.py times exactly this.
+    """
+    with amp():
+        logits = forward(inputs)
+    loss = cross_entropy(logits, targets, label_smoothing)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    loss.backward()
+    for opt in optimizers:
+        opt.step()
+    return logits, loss
+
+
 def _epoch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
                seconds: float) -> dict:
     """One row of the per-epoch table; train loss/accuracy are those of the last batch (as airbench)."""
@@ -208,7 +227,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     seed_everything(seed)
     precision = resolve_precision(cfg.precision, device)
     channels_last = resolve_channels_last(cfg.channels_last, device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    dtype = DTYPES[precision]
     in_channels, _, _ = data.image_shape
 
     # Untimed: statistics, upload, model construction.
@@ -250,14 +269,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         for opt in optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * mult
-        with amp():
-            logits = forward(inputs)
-        loss = cross_entropy(logits, targets, cfg.label_smoothing)
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss.backward()
-        for opt in optimizers:
-            opt.step()
+        logits, loss = train_step(forward, optimizers, inputs, targets, cfg.label_smoothing, amp)
         step += 1
         if lookahead is not None and step % cfg.lookahead_every_steps == 0:
             lookahead.update(lookahead_decay(step, total_steps, cfg.lookahead_base, cfg.lookahead_every_steps))

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # a resolved precision's dtype
 LAYOUTS = ("auto", "on", "off")
 
 
