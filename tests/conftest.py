@@ -39,3 +39,48 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_PEAK_PRELUDE = """
+import resource, sys, json
+import numpy, torch, PIL.Image
+import speedrun.data.sources, speedrun.cli
+_base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _report(outcome):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - _base
+    print("PEAK_KB", peak, file=sys.stderr)
+    print("OUTCOME", json.dumps(outcome), file=sys.stderr)
+try:
+"""
+
+
+def run_peak(body: str, env: dict | None = None, cwd=None) -> tuple[int, str]:
+    """Run `body` (indented code) in a fresh Python after the heavy imports; return (peak growth in bytes, stderr).
+
+    ru_maxrss is a high-water mark: taking it after torch, numpy, Pillow and speedrun are imported and subtracting
+    it from the mark after `body` gives an upper bound of what `body` itself added at its peak.
+    """
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = (_PEAK_PRELUDE + textwrap.indent(textwrap.dedent(body), "    ")
+            + "\nexcept BaseException as e:\n    _report(type(e).__name__ + ': ' + str(e))\nelse:\n    _report('ok')\n")
+    full_env = {**os.environ, **(env or {})}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=cwd,
+                          timeout=600)
+    peak = [line for line in done.stderr.splitlines() if line.startswith("PEAK_KB")]
+    assert peak, done.stderr[-3000:]
+    return int(peak[-1].split()[1]) * 1024, done.stderr
+
+
+def snapshot(*roots) -> set[str]:
+    """Every file path under `roots` (to assert that nothing was written outside the cache and result dirs)."""
+    import os
+
+    found = set()
+    for root in roots:
+        for d, _, files in os.walk(root):
+            found.update(os.path.join(d, f) for f in files)
+    return found

@@ -20,6 +20,7 @@ from PIL import Image
 from speedrun.data import cifar, folder, idx, sources
 from speedrun.data.download import Remote
 from speedrun.data.sources import load_dataset
+from speedrun.errors import SpeedrunWarning
 
 # ---- fake CIFAR files --------------------------------------------------------------------------------------------
 
@@ -210,7 +211,10 @@ def _idx_dir(d, rng, n=(6, 3)):
     arrays = {}
     for split, count in zip(("train", "test"), n):
         arrays[f"{split}_images"] = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
-        arrays[f"{split}_labels"] = rng.integers(0, 10, count, dtype=np.uint8)
+    # Classes inferred from the data must all occur in training: train holds each of 0..k-1 (k <= 10) at least once.
+    k = min(10, n[0])
+    arrays["train_labels"] = rng.permutation(np.arange(n[0]) % k).astype(np.uint8)
+    arrays["test_labels"] = rng.integers(0, k, n[1], dtype=np.uint8)
     for i, (role, base) in enumerate(idx.FILES.items()):
         gz = i % 2 == 0  # mix gzipped and raw files
         _write_idx(d / (base + (".gz" if gz else "")), arrays[role], gz)
@@ -315,9 +319,10 @@ def test_image_folder_grayscale_gives_one_channel_and_mixed_gives_three(tmp_path
 def test_image_folder_jpeg_decodes_close_to_source(tmp_path, cache):
     smooth = np.tile(np.linspace(0, 255, 16, dtype=np.uint8), (16, 1))  # JPEG keeps smooth ramps well
     for split in ("train", "test"):
-        (tmp_path / "j" / split / "a").mkdir(parents=True)
-        rgb = np.stack([smooth, smooth.T, 255 - smooth], -1)
-        Image.fromarray(rgb).save(tmp_path / "j" / split / "a" / "x.JPEG", quality=95)
+        for cls in ("a", "b"):  # a dataset needs two classes
+            (tmp_path / "j" / split / cls).mkdir(parents=True)
+            rgb = np.stack([smooth, smooth.T, 255 - smooth], -1)
+            Image.fromarray(rgb).save(tmp_path / "j" / split / cls / "x.JPEG", quality=95)
     ds = load_dataset(str(tmp_path / "j"), cache_dir=cache)
     assert ds.image_shape == (3, 16, 16)
     error = (ds.train_images[0, 0].int() - torch.from_numpy(smooth).int()).abs().float().mean()
@@ -383,9 +388,10 @@ def test_corrupt_cache_is_rebuilt(tmp_path, cache, damage):
     data = cache_file.read_bytes()
     cache_file.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"\x00garbage" * 100)
     lines = []
-    rebuilt = load_dataset(str(tmp_path / "pics"), cache_dir=cache, log=lines.append)
+    # A warning, not a log line: the user sees it even in quiet mode.
+    with pytest.warns(SpeedrunWarning, match=r"cache .*\.pt is unreadable \(.*\); rebuilding it from the source"):
+        rebuilt = load_dataset(str(tmp_path / "pics"), cache_dir=cache, log=lines.append)
     assert torch.equal(rebuilt.train_images, first.train_images) and rebuilt.classes == first.classes
-    assert "unreadable" in lines[0] and "rebuilding" in lines[0]
     lines.clear()
     load_dataset(str(tmp_path / "pics"), cache_dir=cache, log=lines.append)
     assert "from cache" in lines[0]  # the rebuilt file is good again

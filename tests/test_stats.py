@@ -88,7 +88,7 @@ def test_summarize_known_sample():
 
 
 def test_summarize_single_value_and_errors():
-    assert summarize([3.5]) == Summary(n=1, mean=3.5, std=0.0, ci95_low=3.5, ci95_high=3.5, min=3.5, max=3.5)
+    assert summarize([3.5]) == Summary(n=1, mean=3.5, std=None, ci95_low=None, ci95_high=None, min=3.5, max=3.5)
     with pytest.raises(ValueError, match="at least 1"):
         summarize([])
     with pytest.raises(ValueError, match="NaN"):

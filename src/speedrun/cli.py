@@ -1,21 +1,40 @@
 """The `speedrun` command: argument parsing only; each subcommand calls one function.
 
-User errors (bad flags, unknown --set keys, wrong types, missing or corrupt data) print one line on stderr and
-exit with code 2; an interrupt exits 130 after saving the finished runs.
+Failure behaviour (README "Failure behaviour"):
+- a user error (bad flag, config, data or path) prints one line on stderr and exits 2, before any training;
+- Ctrl-C exits 130 and SIGTERM 143, each after saving the finished runs;
+- a run whose loss becomes NaN/inf is recorded as diverged and the command exits 3 (its result is written);
+- anything unexpected prints one line naming the error and exits 1 (SPEEDRUN_TRACEBACK=1 shows the traceback).
+Warnings are one line each, `speedrun: warning: ...`, and are shown with --quiet too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shlex
+import signal
 import sys
+import warnings
 
 EXIT_USAGE = 2
+EXIT_DIVERGED = 3
+EXIT_INTERNAL = 1
+
+
+def _one_line(text: object) -> str:
+    # Some library messages (tarfile's, for one) carry newlines of their own.
+    return " ".join(str(text).split())
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # No prefixes: `--epoch` is a typo, not --epochs, and a new flag must not change what an old command means.
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
     def error(self, message: str):  # argparse prints usage + error; we print one line
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -26,8 +45,15 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def _version() -> str:
+    from speedrun import __version__
+
+    return f"speedrun {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speedrun", description="Train neural networks as fast as the hardware allows.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     t = sub.add_parser("train", help="train a recipe for N seeds and report statistics")
     t.add_argument("recipe", nargs="?", default="cifar10-94", help="recipe name (default cifar10-94)")
@@ -35,40 +61,98 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...], or a path "
                         "(image folder ROOT/{train,test}/<class>/, CIFAR batches or archive, IDX files)")
     t.add_argument("--data-dir", default=None, help="where a named dataset's archive or files already are")
+    t.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="image folders: resize the shorter side to PX and centre-crop PX x PX (mixed sizes)")
     t.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, mps")
     t.add_argument("--epochs", type=_float, default=None, help="override the epochs; the schedule is compressed")
     t.add_argument("--runs", type=int, default=1, help="number of seeds (default 1)")
     t.add_argument("--seed", type=int, default=0, help="first seed; run i uses seed + i")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set lookahead=false (repeatable)")
-    t.add_argument("--json", default=None, help="result file (default: results/<time>-<recipe>-<dataset>.json)")
-    t.add_argument("--quiet", action="store_true", help="print only the summary table")
+    t.add_argument("--json", default=None,
+                   help="result file, never replaced (default: a new results/<time>-<recipe>-<dataset>.json)")
+    t.add_argument("--smoke", action="store_true",
+                   help="pipeline check in seconds: a few steps, 1000 test images, no TTA; not a result")
+    t.add_argument("--quiet", action="store_true", help="print only the summary table (and warnings)")
     sub.add_parser("recipes", help="list the recipes")
     return parser
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from speedrun.errors import SpeedrunWarning
+
+    kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
+    print(f"speedrun: warning: {_one_line(message)}{kind}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _cli_signals_and_warnings():
+    """SIGTERM raises errors.Terminated (an interrupt) in the main thread; warnings print as one line."""
+    from speedrun.errors import Terminated
+
+    def on_term(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with warnings.catch_warnings():  # restores the filters and showwarning on exit
+            warnings.simplefilter("default")
+            warnings.showwarning = _show_warning
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(args, argv: list[str]) -> int:
+    from speedrun import runs  # deferred: `speedrun --help` should not import torch
+    from speedrun.config import parse_set_args
+
+    overrides = parse_set_args(args.overrides)
+    result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
+                        seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
+                        json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
+                        command=shlex.join(["speedrun", *argv]), overrides=overrides)
+    return EXIT_DIVERGED if result.diverged_runs else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    from speedrun import runs  # deferred: `speedrun --help` should not import torch
-    from speedrun.config import parse_set_args
-
     if args.command == "recipes":
+        from speedrun import runs
+
         runs.print_recipes()
         return 0
+    import torch  # for its exception types; train imports it anyway
+
+    from speedrun.errors import Terminated
+
     try:
-        overrides = parse_set_args(args.overrides)
-        runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
-                   seed=args.seed, data_dir=args.data_dir, json_path=args.json or "auto", verbose=not args.quiet,
-                   command=shlex.join(["speedrun", *argv]), **overrides)
-    except (ValueError, FileNotFoundError) as exc:
-        # One line, always: some library messages (tarfile's, for one) carry newlines of their own.
-        print(f"speedrun: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        with _cli_signals_and_warnings():
+            return _train(args, argv)
+    except ValueError as exc:
+        print(f"speedrun: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
+        text = str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename}"
+        print(f"speedrun: error: {_one_line(text)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (MemoryError, torch.OutOfMemoryError) as exc:
+        print(f"speedrun: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
+              "(--set ...), or use fewer or smaller images", file=sys.stderr)
+        return EXIT_USAGE
+    except Terminated:
+        print("speedrun: terminated (SIGTERM); the runs that finished are in the result file", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
-        print("speedrun: interrupted", file=sys.stderr)
+        print("speedrun: interrupted; the runs that finished are in the result file", file=sys.stderr)
         return 130
-    return 0
+    except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
+        if os.environ.get("SPEEDRUN_TRACEBACK"):
+            raise
+        print(f"speedrun: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
+              "SPEEDRUN_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ one-line ValueError that names the key and the fix (STYLE.md habit 3).
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Literal, get_args, get_origin
 
@@ -42,9 +43,10 @@ def parse_value(key: str, text: str, tp: Any) -> Any:
             raise bad from None
     if tp is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise bad from None
+        return _finite(key, value)
     if tp is str:
         return text
     if get_origin(tp) is Literal:
@@ -57,6 +59,13 @@ def parse_value(key: str, text: str, tp: Any) -> Any:
         except ValueError:
             raise bad from None
     raise AssertionError(f"config field {key} has an unsupported type {tp}")
+
+
+def _finite(key: str, value: float) -> float:
+    # NaN and inf parse as floats but no setting means them: lr_per_1024=nan would train a NaN network.
+    if not math.isfinite(value):
+        raise ValueError(f"{key}={value}: expected a finite number")
+    return value
 
 
 def check_value(key: str, value: Any, tp: Any) -> Any:
@@ -72,7 +81,12 @@ def check_value(key: str, value: Any, tp: Any) -> Any:
     if tp in ok:
         if not ok[tp](value):
             raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
-        return float(value) if tp is float else value
+        if tp is float:
+            try:
+                return _finite(key, float(value))
+            except OverflowError:  # float(10**400)
+                raise ValueError(f"{key}={value!r}: expected a finite number") from None
+        return value
     if get_origin(tp) is Literal:
         if value not in get_args(tp):
             raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
@@ -84,19 +98,28 @@ def check_value(key: str, value: Any, tp: Any) -> Any:
     raise AssertionError(f"config field {key} has an unsupported type {tp}")
 
 
+# Settings of a whole invocation, not of a recipe's config: `--set seed=1` means `--seed 1`.
+RUN_OPTIONS = {"seed": "--seed", "runs": "--runs", "device": "--device", "dataset": "--dataset",
+               "data_dir": "--data-dir", "json": "--json", "json_path": "--json", "image_size": "--image-size",
+               "recipe": "the recipe argument"}
+
+
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """A copy of dataclass `cfg` with `overrides` applied; string values are parsed by the field's type."""
     types = _field_types(type(cfg))
     changes = {}
     for key, value in overrides.items():
         if key not in types:
-            raise ValueError(f"unknown config key {key!r}; valid keys: {', '.join(sorted(types))}")
+            hint = f"{key} is not a config key: use {RUN_OPTIONS[key]}" if key in RUN_OPTIONS else \
+                f"unknown config key {key!r}"
+            raise ValueError(f"{hint}; valid keys: {', '.join(sorted(types))}")
         changes[key] = check_value(key, value, types[key])
     return dataclasses.replace(cfg, **changes)
 
 
 def parse_set_args(items: list[str]) -> dict[str, str]:
-    """["lr=0.1", "flip=none"] -> {"lr": "0.1", "flip": "none"}."""
+    """["lr=0.1", "flip=none"] -> {"lr": "0.1", "flip": "none"}; a key given twice takes its last value, as a
+    repeated flag does (so a script can append to a base command)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -1,13 +1,18 @@
 """What `speedrun train` shows: a progress bar per run, a per-epoch table, the multi-run summary.
 
 Everything goes to stderr except the summary table, so `speedrun train ... > summary.txt` keeps the result.
-Silent when verbose is False (the Python API's default).
+verbose=False (the Python API's default) shows nothing; quiet (the CLI's --quiet) shows only the summary table.
+Warnings and errors are not this module's: they are printed whatever the verbosity (cli.py).
+
+When stderr is not a terminal (piped to a file, a CI log, a batch job) a redrawn bar would be lost, so progress is
+written as plain lines at every tenth of the run instead, and no line is wrapped at 80 columns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,19 +20,30 @@ from rich.table import Table
 
 from speedrun.stats import summarize
 
-
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
+_WIDE = 200  # columns for output that is not a terminal: long enough for any table, so nothing wraps
 
 
 def _pct(x: float | None) -> str:
-    return "" if x is None else f"{100 * x:.2f}"
+    return "n/a" if x is None else f"{100 * x:.2f}"
+
+
+def _secs(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _console(stream) -> Console:
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(file=stream) if tty else Console(file=stream, width=_WIDE, soft_wrap=True)
 
 
 class Display:
-    def __init__(self, verbose: bool):
+    def __init__(self, verbose: bool, summary: bool | None = None):
+        """verbose: progress, tables and notes on stderr; summary: the final table on stdout (default: verbose)."""
         self.verbose = verbose
-        self.err = Console(stderr=True)
-        self.out = Console(file=sys.stdout)
+        self.show_summary = verbose if summary is None else summary
+        self.err = _console(sys.stderr)
+        self.out = _console(sys.stdout)
 
     def line(self, text: str) -> None:
         if self.verbose:
@@ -40,41 +56,66 @@ class Display:
         if not self.verbose:
             yield None, None
             return
-        progress = Progress(TextColumn(f"run {index + 1}/{total}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.err, transient=True)
-        task = progress.add_task("train", total=None)
         self.err.print(f"\nrun {index + 1}/{total} (seed {seed})", highlight=False)
         self.err.print(_ROW.format("epoch", "step", "train loss", "train acc %", "test acc %", "timed s"),
                        highlight=False)
 
-        def on_step(step: int, steps: int) -> None:
-            progress.update(task, completed=step, total=steps)
-
         def on_epoch(row: dict) -> None:
-            progress.console.print(_ROW.format(f"{row['epoch']:g}", row["step"], f"{row['train_loss']:.4f}",
-                                               _pct(row["train_acc"]), _pct(row["val_acc"]),
-                                               f"{row['train_seconds']:.2f}"), highlight=False)
+            self.err.print(_ROW.format(f"{row['epoch']:g}", row["step"], f"{row['train_loss']:.4f}",
+                                       _pct(row["train_acc"]), _pct(row["val_acc"]), f"{row['train_seconds']:.2f}"),
+                           highlight=False)
 
-        with progress:
+        if self.err.is_terminal:
+            progress = Progress(TextColumn(f"run {index + 1}/{total}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.err, transient=True)
+            task = progress.add_task("train", total=None)
+
+            def on_step(step: int, steps: int) -> None:
+                progress.update(task, completed=step, total=steps)
+
+            with progress:
+                yield on_step, on_epoch
+        else:
+            start = time.perf_counter()
+            shown = [0]  # tenths of the run already reported
+
+            def on_step(step: int, steps: int) -> None:
+                tenth = step * 10 // steps
+                if tenth > shown[0]:
+                    shown[0] = tenth
+                    self.err.print(f"run {index + 1}/{total}: step {step}/{steps} ({100 * step // steps}%), "
+                                   f"{time.perf_counter() - start:.1f} s", highlight=False)
+
             yield on_step, on_epoch
         self.err.print("(last row: final test accuracy with TTA; timed s: the timed region so far)",
                        highlight=False)
 
     def summary(self, result) -> None:
-        if not self.verbose or not result.runs:
+        if not self.show_summary or not result.runs:
             return
-        acc = summarize(result.accuracies)
-        secs = summarize([r.train_seconds for r in result.runs])
-        table = Table(title=f"{result.recipe} on {result.dataset} ({result.device}), n={acc.n}",
-                      title_justify="left")
+        title = f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}"
+        if result.smoke_test:
+            title = "SMOKE TEST (pipeline check, not a result): " + title
+        table = Table(title=title, title_justify="left")
         for col in ("", "mean", "std", "95% CI of mean", "min", "max"):
             table.add_column(col, justify="right")
-        table.add_row("test acc %", _pct(acc.mean), _pct(acc.std), f"{_pct(acc.ci95_low)} .. {_pct(acc.ci95_high)}",
-                      _pct(acc.min), _pct(acc.max))
-        table.add_row("timed s", f"{secs.mean:.2f}", f"{secs.std:.2f}",
-                      f"{secs.ci95_low:.2f} .. {secs.ci95_high:.2f}", f"{secs.min:.2f}", f"{secs.max:.2f}")
+        if result.finished:
+            acc = summarize(result.accuracies)
+            secs = summarize([r.train_seconds for r in result.finished])
+            ci_acc = "n/a" if acc.ci95_low is None else f"{_pct(acc.ci95_low)} .. {_pct(acc.ci95_high)}"
+            ci_secs = "n/a" if secs.ci95_low is None else f"{secs.ci95_low:.2f} .. {secs.ci95_high:.2f}"
+            table.add_row("test acc %", _pct(acc.mean), _pct(acc.std), ci_acc, _pct(acc.min), _pct(acc.max))
+            table.add_row("timed s", _secs(secs.mean), _secs(secs.std), ci_secs, _secs(secs.min), _secs(secs.max))
         hits = sum(a >= result.target_accuracy for a in result.accuracies)
-        table.caption = (f"{hits}/{acc.n} runs reached the target {_pct(result.target_accuracy)}%. Timed region: "
-                         "whitening init + training + TTA eval; data loading "
-                         f"({result.data_seconds:.1f} s) and warm-up ({result.warmup_seconds:.1f} s) excluded.")
+        caption = [f"{hits}/{len(result.finished)} runs reached the target {_pct(result.target_accuracy)}%."]
+        if result.diverged_runs:
+            caption.append(f"{result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss) and are not "
+                           "in the statistics.")
+        if result.interrupted:
+            caption.append(f"Interrupted after {len(result.runs)} of {result.runs_requested} runs.")
+        if len(result.finished) == 1:
+            caption.append("One run has no spread: std and interval are n/a.")
+        caption.append("Timed region: whitening init + training + TTA eval; data loading "
+                       f"({result.data_seconds:.1f} s) and warm-up ({result.warmup_seconds:.1f} s) excluded.")
+        table.caption = " ".join(caption)
         self.out.print(table)

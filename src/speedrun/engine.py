@@ -5,6 +5,7 @@ No training loop lives here (STYLE.md habit 2): each recipe writes its own loop 
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -86,6 +87,65 @@ class Timer:
             self.seconds += time.perf_counter() - self._start
         self._start = None
         return self.seconds
+
+
+class Diverged(RuntimeError):
+    """A run's loss became NaN or inf: the run stops and is recorded as diverged, not as a result."""
+
+    def __init__(self, step: int, total_steps: int, loss: float, lr: float, lr_name: str):
+        self.step, self.total_steps, self.loss, self.lr = step, total_steps, loss, lr
+        super().__init__(f"diverged: the training loss became {loss} at step {step} of {total_steps} "
+                         f"({lr_name} {lr:.4g} at that step); lower {lr_name} (--set {lr_name}=...) or check the data")
+
+    def to_dict(self) -> dict:
+        # Strings, not bare NaN: strict JSON has no NaN or Infinity.
+        return {"step": self.step, "total_steps": self.total_steps, "loss": str(self.loss), "lr": self.lr,
+                "message": str(self)}
+
+
+class FiniteLossGuard:
+    """Stops a run within one step of its loss turning NaN or inf (a diverged run would otherwise finish as a
+    normal result near chance accuracy).
+
+    On the CPU and MPS the check reads the loss at once. On CUDA reading it would drain the queue every step, so
+    each step's loss is copied into pinned host memory behind a CUDA event, and the previous step's value is read
+    after the current step has been queued: the GPU stays busy with step s while the CPU checks step s - 1, and a
+    divergence at step s - 1 stops the run before step s + 1 is queued. `finish()` checks the last step.
+    """
+
+    def __init__(self, device: torch.device, total_steps: int, lr_name: str, enabled: bool = True):
+        self.device, self.total_steps, self.lr_name, self.enabled = device, total_steps, lr_name, enabled
+        self._pending: tuple[int, float, torch.Tensor, torch.cuda.Event] | None = None
+        if enabled and device.type == "cuda":
+            self._slots = [torch.empty((), dtype=torch.float32, pin_memory=True) for _ in range(2)]
+
+    def _raise_if_bad(self, step: int, loss: float, lr: float) -> None:
+        if not math.isfinite(loss):
+            raise Diverged(step, self.total_steps, loss, lr, self.lr_name)
+
+    def check(self, step: int, loss: torch.Tensor, lr: float) -> None:
+        """`loss` is step `step`'s loss (a 0-d tensor, still on the device); `lr` the lr it was taken with."""
+        if not self.enabled:
+            return
+        if self.device.type != "cuda":
+            self._raise_if_bad(step, loss.item(), lr)
+            return
+        slot = self._slots[step % 2]
+        slot.copy_(loss.detach().float(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        previous, self._pending = self._pending, (step, lr, slot, event)
+        if previous is not None:
+            prev_step, prev_lr, prev_slot, prev_event = previous
+            prev_event.synchronize()
+            self._raise_if_bad(prev_step, prev_slot.item(), prev_lr)
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            step, lr, slot, event = self._pending
+            self._pending = None
+            event.synchronize()
+            self._raise_if_bad(step, slot.item(), lr)
 
 
 @torch.no_grad()

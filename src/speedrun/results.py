@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -137,6 +138,18 @@ def _to_json(obj):
     raise TypeError(f"cannot store {type(obj).__name__} in a result JSON; convert it to str, number, list or dict")
 
 
+def _finite_or_null(obj):
+    """A copy with every NaN/inf float as None: json would write bare NaN, which strict parsers reject. Where a
+    non-finite value is the news (a diverged loss), the writer stores it as a string itself."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | Path, obj) -> Path:
     """Write obj as JSON at path atomically: readers see the old file or the whole new one, never a part.
 
@@ -146,10 +159,11 @@ def write_json(path: str | Path, obj) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=False, default=_to_json, allow_nan=False)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=_to_json)
+            f.write(text)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -192,19 +206,26 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     if root is None:
         root = os.environ.get("SPEEDRUN_RESULTS") or "results"
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     dataset_name = os.path.basename(str(dataset).rstrip("/\\")) or str(dataset)
-    stem = "-".join([datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), _slug(recipe, "recipe"),
-                     _slug(dataset_name, "dataset")])
+    try:
+        dataset_slug = _slug(dataset_name[:64], "dataset")
+    except ValueError:  # a path such as "/" or one of punctuation only: the file name just says "dataset"
+        dataset_slug = "dataset"
+    stem = "-".join([datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), _slug(recipe, "recipe"), dataset_slug])
     suffix = 1
-    while True:
-        candidate = root / (f"{stem}.json" if suffix == 1 else f"{stem}-{suffix}.json")
-        try:
-            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            suffix += 1
-            continue
-        return candidate
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            candidate = root / (f"{stem}.json" if suffix == 1 else f"{stem}-{suffix}.json")
+            try:
+                os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                suffix += 1
+                continue
+            return candidate
+    except OSError as e:
+        raise ValueError(f"cannot create a result file in {root} ({e.strerror}); set SPEEDRUN_RESULTS to a writable "
+                         "directory or give a path (json_path / --json)") from None
 
 
 def load_result(path: str | Path) -> dict:

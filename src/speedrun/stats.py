@@ -136,9 +136,9 @@ class Summary:
 
     n: int
     mean: float
-    std: float
-    ci95_low: float
-    ci95_high: float
+    std: float | None  # None for n = 1: one run has no spread
+    ci95_low: float | None  # None for n = 1
+    ci95_high: float | None
     min: float
     max: float
 
@@ -159,11 +159,14 @@ def _mean_var(values: Sequence[float], name: str, min_n: int = 1) -> tuple[int, 
 
 
 def summarize(values: Sequence[float]) -> Summary:
-    """Summary of a sample; with n == 1 the std is 0 and the interval collapses to the value."""
+    """Summary of a sample; with n == 1 the std and the interval are None (one value has no spread, and a
+    zero-width interval would claim certainty)."""
     n, mean, var = _mean_var(values, "summarize()")
-    std = math.sqrt(var)
-    half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if n > 1 else 0.0
     xs = [float(v) for v in values]
+    if n == 1:
+        return Summary(n=1, mean=mean, std=None, ci95_low=None, ci95_high=None, min=xs[0], max=xs[0])
+    std = math.sqrt(var)
+    half = t_quantile(0.975, n - 1) * std / math.sqrt(n)
     return Summary(n=n, mean=mean, std=std, ci95_low=mean - half, ci95_high=mean + half, min=min(xs), max=max(xs))
 
 

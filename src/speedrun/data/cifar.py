@@ -8,12 +8,16 @@ and b"labels" (CIFAR-10) or b"fine_labels" (CIFAR-100) is a list of N ints.
 from __future__ import annotations
 
 import importlib
+import io
+import os
 import pickle
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from speedrun.data import limits
 from speedrun.data.download import Remote
 
 _KRIZ = "https://www.cs.toronto.edu/~kriz/"
@@ -26,35 +30,103 @@ ARCHIVE_NAMES = {"cifar10": "cifar-10-python.tar.gz", "cifar100": "cifar-100-pyt
 _SUBDIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 
 
-def _allowed_globals() -> dict[tuple[str, str], object]:
-    """The only callables a CIFAR pickle may name: plain containers and numpy array reconstruction.
-
-    Python 2 pickles name builtins as `__builtin__`; numpy 2 moved `numpy.core` to `numpy._core` (the
-    old path still imports but warns), so both spellings map to whichever exists here.
-    """
-    def numpy_attr(submodule: str, name: str) -> object:
-        for prefix in ("numpy._core", "numpy.core"):
-            try:
-                return getattr(importlib.import_module(f"{prefix}.{submodule}"), name)
-            except (ImportError, AttributeError):
-                continue
-        raise ImportError(f"numpy has no {submodule}.{name}")
-
-    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+def _numpy_attr(submodule: str, name: str) -> object:
+    # numpy 2 moved `numpy.core` to `numpy._core` (the old path still imports but warns).
     for prefix in ("numpy._core", "numpy.core"):
-        allowed[(f"{prefix}.multiarray", "_reconstruct")] = numpy_attr("multiarray", "_reconstruct")
-    for module in ("builtins", "__builtin__"):
-        for name, obj in (("dict", dict), ("list", list), ("bytes", bytes), ("str", str), ("int", int)):
-            allowed[(module, name)] = obj
+        try:
+            return getattr(importlib.import_module(f"{prefix}.{submodule}"), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"numpy has no {submodule}.{name}")
+
+
+# Plain numeric dtypes only: no objects, no structured or void/str types whose item size the file would choose.
+_NUMERIC_KINDS = "biuf"
+
+
+def _plain_dtype(d: object) -> bool:
+    return isinstance(d, np.dtype) and d.kind in _NUMERIC_KINDS and d.fields is None and d.subdtype is None \
+        and not d.hasobject and d.itemsize <= 8
+
+
+class _CheckedArray(np.ndarray):
+    """What the unpickler builds instead of an ndarray: its state is checked before numpy applies it.
+
+    numpy's __setstate__ trusts the dtype it is given, and a pickle may first BUILD that dtype into a structured
+    one with object fields (which numpy would then fill from raw bytes). Here the dtype must be plain numeric and
+    the data raw bytes, whose length numpy checks against shape x item size.
+    """
+
+    def __setstate__(self, state: object) -> None:
+        ok = isinstance(state, tuple) and len(state) in (4, 5)
+        if ok:
+            shape, dtype, raw = state[-4], state[-3], state[-1]
+            ok = isinstance(shape, tuple) and all(type(n) is int for n in shape) and _plain_dtype(dtype) \
+                and isinstance(raw, bytes)
+        if not ok:
+            raise pickle.UnpicklingError("an array in the file is not a plain numeric array")
+        super().__setstate__(state)
+
+
+def _reconstruct(subtype: object, shape: object, typecode: object) -> np.ndarray:
+    """numpy's _reconstruct, for exactly the call numpy's own ndarray.__reduce__ emits: (ndarray, (0,), b"b")."""
+    if subtype is not _NDARRAY or shape != (0,) or typecode not in (b"b", "b"):
+        raise pickle.UnpicklingError("numpy _reconstruct is called with other arguments than numpy writes")
+    return _NUMPY_RECONSTRUCT(_CheckedArray, (0,), b"b")
+
+
+def _dtype(spec: object, align: object = False, copy: object = True) -> np.dtype:
+    """np.dtype for plain numeric type codes only ("u1", "<i8" ...), always a fresh copy.
+
+    A copy, because the pickle then BUILDs (__setstate__) the dtype it got: on numpy's shared uint8 instance
+    that would change uint8 for the whole process.
+    """
+    text = spec.decode("ascii", "replace") if isinstance(spec, bytes) else spec
+    if not isinstance(text, str) or len(text) > 4:
+        raise pickle.UnpicklingError(f"dtype {spec!r} is not a plain numeric type")
+    try:
+        d = np.dtype(text, bool(align), True)
+    except TypeError:
+        raise pickle.UnpicklingError(f"dtype {spec!r} is not a plain numeric type") from None
+    if not _plain_dtype(d):
+        raise pickle.UnpicklingError(f"dtype {spec!r} is not a plain numeric type")
+    return d
+
+
+def _latin1(text: object, encoding: object = "latin1") -> bytes:
+    """_codecs.encode as Python 3 writes bytes in pickle protocols 0-2: (str, "latin1") -> bytes of the same length."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode is called with other arguments than pickle writes")
+    return text.encode("latin-1")
+
+
+class _NdarrayName:
+    """Stands for numpy.ndarray in a pickle: only a marker for _reconstruct, not callable (ndarray(shape) would
+    allocate whatever shape the file names)."""
+
+
+_NDARRAY = _NdarrayName()
+_NUMPY_RECONSTRUCT: Callable = _numpy_attr("multiarray", "_reconstruct")  # type: ignore[assignment]
+
+
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    """The only globals a CIFAR pickle may name: what numpy writes for an array (found by tracing find_class on
+    the official-style batches, and on arrays pickled by Python 3 with protocols 0-4), each wrapped to accept only
+    the arguments numpy writes. No builtins: dicts, lists, ints and bytes are pickle opcodes of their own.
+    """
+    allowed: dict[tuple[str, str], object] = {("numpy", "ndarray"): _NDARRAY, ("numpy", "dtype"): _dtype,
+                                              ("_codecs", "encode"): _latin1}
+    for prefix in ("numpy._core", "numpy.core"):  # official files name numpy 1's path, numpy 2 writes the other
+        allowed[(f"{prefix}.multiarray", "_reconstruct")] = _reconstruct
     return allowed
 
 
 class _CifarUnpickler(pickle.Unpickler):
     """An Unpickler that refuses every global outside `_allowed_globals`.
 
-    A plain pickle.load runs whatever callable the file names, so a tampered batch could execute code.
-    Downloads are MD5-checked before we get here and local files are the user's own, but this closes
-    the hole for both at the cost of a dictionary lookup.
+    A plain pickle.load runs whatever callable the file names, so a tampered batch could execute code or
+    allocate any size it names (builtins.bytes(500000000)). Downloads are MD5-checked before we get here and
+    local files are the user's own, but this closes the hole for both at the cost of a dictionary lookup.
     """
 
     _allowed: dict[tuple[str, str], object] | None = None
@@ -69,17 +141,36 @@ class _CifarUnpickler(pickle.Unpickler):
 
 
 def load_batch(path: Path) -> dict:
-    """Unpickle one batch with bytes keys (encoding="bytes" keeps Python 2 str as bytes, as the format needs)."""
+    """Unpickle one batch with bytes keys (encoding="bytes" keeps Python 2 str as bytes, as the format needs).
+
+    The file's size is checked first and the pickle is read from memory: io.BytesIO returns only the bytes
+    there are, so a length the file claims for a string (BINBYTES8, BINUNICODE8) cannot make a read allocate it.
+    """
     try:
         with open(path, "rb") as f:
-            obj = _CifarUnpickler(f, encoding="bytes").load()
+            size = os.fstat(f.fileno()).st_size
+            limits.check_size(size, limits.MAX_CIFAR_MEMBER_BYTES, f"CIFAR batch {path}",
+                              "replace it with a good copy of the official batch")
+            data = f.read(size + 1)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"CIFAR batch {path} does not exist; copy the complete batches folder") from None
+    except OSError as e:
+        raise ValueError(f"cannot read CIFAR batch {path} ({e}); check the file and its permissions") from None
+    # A file that grew after fstat: still never more than the limit in memory.
+    limits.check_size(len(data), limits.MAX_CIFAR_MEMBER_BYTES, f"CIFAR batch {path}", "replace it with a good copy")
+    try:
+        obj = _CifarUnpickler(io.BytesIO(data), encoding="bytes").load()
     # Broad on purpose: a damaged pickle fails in many ways (UnpicklingError, EOFError, KeyError on a bad
-    # memo, struct.error ...) and each means the same thing to the user: this file is not a good batch.
+    # memo, struct.error, MemoryError for an absurd length ...) and each means the same thing to the user:
+    # this file is not a good batch.
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{path} is not a readable CIFAR python batch ({e}); replace it with a good copy") from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a readable CIFAR python batch ({reason}); replace it with a good copy") \
+            from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds a {type(obj).__name__}, not a CIFAR batch dict; replace it with a good copy")
-    return obj
+    # Hand out plain ndarrays: the checking subclass has done its work.
+    return {k: v.view(np.ndarray) if isinstance(v, np.ndarray) else v for k, v in obj.items()}
 
 
 def _get(batch: dict, key: str, path: Path) -> object:
@@ -90,21 +181,49 @@ def _get(batch: dict, key: str, path: Path) -> object:
     raise ValueError(f"{path} has no {key!r} entry (keys: {sorted(map(str, batch))}); is it a CIFAR batch?")
 
 
+def _labels(value: object, n: int, num_classes: int, key: str, path: Path) -> np.ndarray:
+    """The labels as int64, refusing what is not integers in [0, num_classes): np.asarray would truncate 3.7 to 3."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        y = value
+    # type() is int: bool is an int subclass, and True is not a label.
+    elif isinstance(value, list) and all(type(v) is int for v in value):
+        y = value
+    else:
+        if isinstance(value, np.ndarray):
+            what = f"{value.dtype} array of shape {value.shape}"
+        elif isinstance(value, list):
+            bad = next(v for v in value if type(v) is not int)
+            what = f"list holding {repr(bad)[:40]} ({type(bad).__name__})"
+        else:
+            what = type(value).__name__
+        raise ValueError(f"{path}: {key!r} must be a list of integer labels, found a {what}; "
+                         f"replace it with a good copy")
+    if len(y) != n:
+        raise ValueError(f"{path}: {n} images but {len(y)} labels in {key!r}; replace it with a good copy")
+    # Range first, in the labels' own type: converting a huge Python int to int64 would overflow.
+    if not n:
+        low = high = 0
+    elif isinstance(y, list):
+        low, high = min(y), max(y)
+    else:
+        low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= num_classes:
+        raise ValueError(f"{path}: labels must lie in [0, {num_classes}), found {low}..{high}")
+    return np.asarray(y, dtype=np.int64)
+
+
 def _images_labels(paths: list[Path], label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for path in paths:
         batch = load_batch(path)
-        data = np.asarray(_get(batch, "data", path))
-        y = np.asarray(_get(batch, label_key, path), dtype=np.int64)
-        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or y.shape != (data.shape[0],):
-            raise ValueError(
-                f"{path}: expected uint8 data of shape (N, 3072) and N labels, got {data.dtype} {data.shape} "
-                f"and {y.shape[0]} labels; replace it with a good copy"
-            )
-        if y.size and (y.min() < 0 or y.max() >= num_classes):
-            raise ValueError(f"{path}: labels must lie in [0, {num_classes}), found {y.min()}..{y.max()}")
+        data = _get(batch, "data", path)
+        if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+                and data.shape[1] == 3 * 32 * 32 and data.shape[0] > 0):
+            what = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+            raise ValueError(f"{path}: expected 'data' as uint8 array of shape (N, 3072), N >= 1, got {what}; "
+                             f"replace it with a good copy")
         images.append(data)
-        labels.append(y)
+        labels.append(_labels(_get(batch, label_key, path), data.shape[0], num_classes, label_key, path))
     # (N, 3072) rows are R, G, B planes of 32x32 each -> (N, 3, 32, 32); concatenate copies, so the
     # result owns writable memory (arrays rebuilt by the unpickler can be read-only views).
     x = np.concatenate(images).reshape(-1, 3, 32, 32)
@@ -115,7 +234,8 @@ def _class_names(meta_path: Path, key: str) -> list[str]:
     names = _get(load_batch(meta_path), key, meta_path)
     if not isinstance(names, list) or not names:
         raise ValueError(f"{meta_path}: {key!r} should be a non-empty list of class names")
-    return [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names]
+    # Names are only shown, so an undecodable byte becomes U+FFFD rather than an error.
+    return [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names]
 
 
 def find_batches(root: Path) -> tuple[str, Path] | None:

@@ -24,14 +24,24 @@ class Dataset:
     classes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # Tensors often come from files (or from a user of the Python API): a wrong type or shape is bad input, so
+        # it raises ValueError, not an assert. Content (empty splits, label range) is sources.check_dataset's job.
         for split in ("train", "test"):
             x = getattr(self, f"{split}_images")
             y = getattr(self, f"{split}_labels")
-            assert x.dtype == torch.uint8 and x.ndim == 4, (split, x.dtype, x.shape)
-            assert y.dtype == torch.int64 and y.shape == (x.shape[0],), (split, y.dtype, y.shape)
-        assert self.train_images.shape[1:] == self.test_images.shape[1:]
+            if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 4):
+                raise ValueError(f"dataset {self.name!r}: {split}_images must be a uint8 (N, C, H, W) tensor, got "
+                                 f"{_describe(x)}")
+            if not (isinstance(y, torch.Tensor) and y.dtype == torch.int64 and y.shape == (x.shape[0],)):
+                raise ValueError(f"dataset {self.name!r}: {split}_labels must be an int64 ({x.shape[0]},) tensor, "
+                                 f"got {_describe(y)}")
+        if self.train_images.shape[1:] != self.test_images.shape[1:]:
+            raise ValueError(f"dataset {self.name!r}: train images are {tuple(self.train_images.shape[1:])} but test "
+                             f"images {tuple(self.test_images.shape[1:])}; both splits need one (C, H, W)")
         if not self.classes:
-            self.classes = [str(i) for i in range(int(self.train_labels.max()) + 1)]
+            # An empty split has no max: zero classes, which check_dataset then refuses with its own message.
+            top = int(self.train_labels.max()) if self.train_labels.numel() else -1
+            self.classes = [str(i) for i in range(top + 1)]
 
     @property
     def num_classes(self) -> int:
@@ -42,3 +52,7 @@ class Dataset:
         """(C, H, W)."""
         c, h, w = self.train_images.shape[1:]
         return int(c), int(h), int(w)
+
+
+def _describe(v: object) -> str:
+    return f"{v.dtype} {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__

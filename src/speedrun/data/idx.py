@@ -8,11 +8,15 @@ load stores pixels and labels as bytes, and anything else means the wrong file.
 from __future__ import annotations
 
 import gzip
+import math
+import struct
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
+from speedrun.data import limits
 from speedrun.data.download import Remote
 
 # Role -> base file name as published (MNIST's own site spelled some with a dot: "t10k-images.idx3-ubyte").
@@ -52,36 +56,79 @@ REMOTES = {
 }
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """The array in one IDX file (gzipped if the name ends in .gz), shape from its header, dtype uint8."""
+_CHUNK = 1 << 20  # read 1 MiB at a time: pages of the output are touched only as real data arrives
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    """Up to `n` bytes (fewer only at end of file); gzip's read() may return less than asked mid-stream."""
+    parts, got = [], 0
+    while got < n:
+        part = f.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def read_idx(path: Path, *, shape: tuple[int | None, ...] | None = None) -> np.ndarray:
+    """The array in one IDX file (gzipped if the name ends in .gz), shape from its header, dtype uint8.
+
+    The header is read and checked first (magic, dimension count, and the byte count its dimensions promise,
+    against `limits`), then exactly that many bytes are read into a preallocated array and the file must end
+    there. So a small file claiming a huge shape, or a small .gz inflating to far more than its header says,
+    fails after reading at most what the header legitimately promises. `shape`: what the caller expects, None
+    for any size along that axis (checked against the header before any data is read).
+    """
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+            return _read_idx_stream(f, path, shape)
+    # BadGzipFile is an OSError; EOFError is a .gz cut short; zlib.error is a damaged deflate stream. Reading
+    # to the end makes gzip check its CRC-32 and length, so a flipped byte lands here too.
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, FileNotFoundError):
             raise FileNotFoundError(f"IDX file {path} does not exist; check the path") from None
-        raise ValueError(f"{path} is not a readable gzip file ({e}); replace it with a good copy") from None
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        magic = raw[:4].hex() or "empty"
-        raise ValueError(f"{path} is not an IDX file (bad magic {magic}); replace it with a good copy")
-    code, ndim = raw[2], raw[3]
+        raise ValueError(f"{path} is not a readable IDX or gzip file ({e}); replace it with a good copy") from None
+
+
+def _read_idx_stream(f: BinaryIO, path: Path, shape: tuple[int | None, ...] | None) -> np.ndarray:
+    head = _read_exact(f, 4)
+    if len(head) < 4 or head[0] != 0 or head[1] != 0:
+        raise ValueError(f"{path} is not an IDX file (bad magic {head.hex() or 'empty'}); replace it with a good copy")
+    code, ndim = head[2], head[3]
     if code != _UBYTE:
         raise ValueError(f"{path}: IDX dtype code 0x{code:02x} is not supported (only 0x08, unsigned bytes)")
-    if ndim == 0 or len(raw) < 4 + 4 * ndim:
+    if not 1 <= ndim <= limits.MAX_IDX_DIMS:
+        raise ValueError(f"{path}: IDX header claims {ndim} dimensions (1 to {limits.MAX_IDX_DIMS} are valid); "
+                         f"replace it with a good copy")
+    raw_dims = _read_exact(f, 4 * ndim)
+    if len(raw_dims) < 4 * ndim:
         raise ValueError(f"{path}: IDX header claims {ndim} dimensions but the file is too short; replace it")
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    offset = 4 + 4 * ndim
-    expected = int(np.prod(dims))
-    if len(raw) - offset != expected:
+    dims = struct.unpack(f">{ndim}I", raw_dims)
+    if shape is not None and (len(dims) != len(shape) or any(s not in (None, d) for s, d in zip(shape, dims))):
+        want = ", ".join("NHWC"[i] if s is None else str(s) for i, s in enumerate(shape))
+        want = f"({want},)" if len(shape) == 1 else f"({want})"
+        raise ValueError(f"{path}: expected shape {want}, the header says {dims}; is it the right file?")
+    expected = math.prod(dims)  # Python ints: no overflow, so an absurd claim is seen as absurd
+    # Every IDX file we read becomes part of an in-memory dataset, so its claim is held to the dataset limit.
+    limits.check_dataset_bytes(expected, f"IDX file {path} (header shape {dims})")
+    # np.empty maps the pages lazily: a header that lies about its size on a short file costs only what is read.
+    out = np.empty(expected, dtype=np.uint8)
+    view, got = memoryview(out), 0
+    while got < expected:
+        n = f.readinto(view[got : got + _CHUNK])
+        if not n:
+            raise ValueError(
+                f"{path}: header says {dims} = {expected} bytes of data but the file has {got}; "
+                f"it is truncated or corrupt, replace it"
+            )
+        got += n
+    if f.read(1):
         raise ValueError(
-            f"{path}: header says {dims} = {expected} bytes of data but the file has {len(raw) - offset}; "
-            f"it is truncated or corrupt, replace it"
+            f"{path}: header says {dims} = {expected} bytes of data but more follows; the file is corrupt or "
+            f"not one IDX array, replace it"
         )
-    # bytearray -> writable, owned memory, so torch.from_numpy later needs no copy and gives no warning.
-    return np.frombuffer(bytearray(raw[offset:]), dtype=np.uint8).reshape(dims)
+    return out.reshape(dims)  # owned and writable, so torch.from_numpy later needs no copy
 
 
 def find_files(root: Path) -> dict[str, Path] | None:
@@ -107,10 +154,38 @@ def find_files(root: Path) -> dict[str, Path] | None:
 
 def read_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(N, 1, H, W) uint8 images and (N,) int64 labels from an image file and its label file."""
-    x = read_idx(images_path)
-    y = read_idx(labels_path)
-    if x.ndim != 3:
-        raise ValueError(f"{images_path}: expected 3 dimensions (N, H, W), the header has {x.shape}")
-    if y.ndim != 1 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"{labels_path}: expected {x.shape[0]} labels for {images_path.name}, got shape {y.shape}")
+    x = read_idx(images_path, shape=(None, None, None))
+    if x.shape[0] == 0:
+        raise ValueError(f"{images_path} holds no images (its header says {x.shape}); replace it with a good copy")
+    # The label file's header must promise one byte per image, checked before its data is read.
+    y = read_idx(labels_path, shape=(x.shape[0],))
     return x[:, None], y.astype(np.int64)
+
+
+def check_inferred_classes(train_y: np.ndarray, test_y: np.ndarray, train_path: Path, test_path: Path) -> None:
+    """Where the classes come from the data (0..largest label), require every one of them in the training labels.
+
+    One stray byte (a 255 among digits) would otherwise silently make 256 classes, most never seen in training.
+    """
+    both = np.concatenate([train_y, test_y])
+    empty = np.flatnonzero(np.bincount(train_y, minlength=int(both.max(initial=0)) + 1) == 0)
+    if empty.size:
+        first = int(empty[0])
+        stray = np.unique(both[both > first])  # the labels beyond the first unused class
+        path = train_path if int(train_y.max(initial=0)) > first else test_path
+        raise ValueError(
+            f"{path}: label(s) {_ranges(stray.tolist())} leave class(es) {_ranges(empty.tolist())} with no training "
+            f"example (a stray label?); fix the label files so the classes are 0..K-1 and all occur in training"
+        )
+
+
+def _ranges(values: list[int], most: int = 6) -> str:
+    """[1, 2, 3, 7, 200] -> '1..3, 7, 200', so label lists in messages stay one short line."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = [str(a) if a == b else f"{a}..{b}" for a, b in runs[:most]]
+    return ", ".join(text) + (f" and {len(runs) - most} more" if len(runs) > most else "")

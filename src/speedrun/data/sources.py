@@ -9,6 +9,8 @@ mtimes of local files), so editing an image folder or swapping files in --data-d
 from __future__ import annotations
 
 import hashlib
+import json
+import operator
 import os
 import re
 import tempfile
@@ -20,11 +22,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from speedrun.data import cifar, folder, idx, synthetic
+from speedrun.data import cifar, folder, idx, limits, synthetic
 from speedrun.data.dataset import Dataset
 from speedrun.data.download import Remote, fetch, safe_extract
+from speedrun.errors import warn
 
-CACHE_FORMAT = 1  # bump when the cache layout changes: old files then simply stop matching
+# Bump when the cache layout changes: old files then simply stop matching. 2: payload carries "sha256".
+CACHE_FORMAT = 2
 
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
@@ -44,6 +48,7 @@ def load_dataset(
     cache_dir: str | os.PathLike | None = None,
     download: bool = True,
     log: Log | None = None,
+    image_size: int | None = None,
 ) -> Dataset:
     """Load a dataset by name (cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...]) or path.
 
@@ -53,22 +58,55 @@ def load_dataset(
     cache_dir: downloads and caches go here; default $SPEEDRUN_DATA, else ~/.cache/speedrun.
     download: False never touches the network (cache, data_dir or files already in downloads/ only).
     log: receives progress lines (downloads, first-read decoding, cache hits).
+    image_size: image folders only: scale every image so its shorter side is this many pixels, then centre-crop
+    it square. Without it, the images of a folder must share one size.
+    Every dataset returned, from the cache or freshly read, has passed `check_dataset`.
     """
     log = log or _no_log
-    text = os.fspath(spec).strip()
+    text = os.fsdecode(spec).strip()  # a bytes path that is not UTF-8 keeps its bytes as surrogates
     lowered = text.lower()
+    image_size = _check_image_size(image_size)
     if lowered == "synthetic" or lowered.startswith("synthetic:"):
-        return synthetic.make(text)
+        if image_size is not None:
+            raise ValueError("image_size (--image-size) applies to image folders only, not to synthetic data; "
+                             "leave it out and set the spec's shape=3xNxN instead")
+        return check_dataset(synthetic.make(text), text)
     cache_root = Path(cache_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser()
     if lowered in SOURCES:
-        return _load_named(lowered, data_dir, cache_root, download, log)
+        if image_size is not None:
+            raise ValueError(f"image_size (--image-size) applies to image folders only, not to {lowered}; leave it "
+                             "out")
+        return check_dataset(_load_named(lowered, data_dir, cache_root, download, log), lowered)
     path = Path(text).expanduser()
-    if text and path.exists():
-        return _load_path(path, cache_root, log)
+    if text and _exists(path):
+        return check_dataset(_load_path(path, cache_root, log, image_size), folder.printable(str(path)))
     raise ValueError(
         f"unknown dataset {text!r}: use one of {', '.join(SOURCES)}, synthetic or synthetic:key=val,..., "
         f"or a path that exists (image folder with train/ and test/, CIFAR batches or .tar.gz, IDX files)"
     )
+
+
+def _check_image_size(image_size: object) -> int | None:
+    if image_size is None:
+        return None
+    try:
+        n = operator.index(image_size)  # ints, numpy ints; not floats, strings or bools (below)
+    except TypeError:
+        n = None
+    # 8 px: the CIFAR nets halve the resolution three times, leaving them one pixel. The largest side is the one
+    # an in-memory folder keeps without resizing (limits.MAX_IMAGE_SIDE_PX).
+    if n is None or isinstance(image_size, bool) or not 8 <= n <= limits.MAX_IMAGE_SIDE_PX:
+        raise ValueError(f"image_size (--image-size) must be a whole number of pixels from 8 to "
+                         f"{limits.MAX_IMAGE_SIDE_PX}, got {image_size!r}; pass e.g. image_size=32 (--image-size 32)")
+    return n
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError as e:  # Path.exists ignores ENOENT, ENOTDIR and ELOOP, not EACCES
+        shown = folder.printable(str(path))
+        raise ValueError(f"cannot look at {shown} ({e.strerror}); check its permissions") from None
 
 
 # ---- named datasets ---------------------------------------------------------------------------------------------
@@ -78,8 +116,21 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
     remote = SOURCES[name]
     if data_dir is not None:
         root = Path(data_dir).expanduser()
-        if root.is_file():  # --data-dir may name the archive itself
-            return _load_found(_detect(root), cache_root, log, name=name, classes=remote.classes)
+        if root.is_file():  # --data-dir may name the archive itself: only CIFAR comes as one, each its own
+            if remote.kind == "idx":
+                raise ValueError(
+                    f"{name} is read from a folder holding its four IDX files ({', '.join(idx.FILES.values())}, "
+                    f".gz or not), but {root} is a file; pass the folder holding them as data_dir (--data-dir)"
+                )
+            other = next((k for k, n in cifar.ARCHIVE_NAMES.items() if n == root.name and k != name), None)
+            if other is not None or not root.name.endswith((".tar.gz", ".tgz", ".tar")):
+                raise ValueError(
+                    f"{root} is {f'the {other} archive' if other else 'not a .tar.gz archive'}; for {name} pass "
+                    f"{cifar.ARCHIVE_NAMES[name]} (or the folder holding it) as data_dir (--data-dir)"
+                )
+            # A renamed archive of the other CIFAR is caught after extraction, where _read_archive checks the kind.
+            found = _Found("archive", root, (root,))
+            return _load_found(found, cache_root, log, name=name, classes=remote.classes)
         if not root.is_dir():
             raise FileNotFoundError(f"data dir {root} does not exist; create it or fix --data-dir")
         found = _find_local(name, remote, root)
@@ -134,7 +185,8 @@ def _detect(path: Path) -> _Found:
     if path.is_file():
         if path.name.endswith((".tar.gz", ".tgz", ".tar")):
             return _Found("archive", path, (path,))
-        raise ValueError(f"{path} is a file but not a .tar.gz archive; pass a CIFAR archive or a dataset folder")
+        raise ValueError(f"{folder.printable(str(path))} is a file but not a .tar.gz archive; pass a CIFAR archive or "
+                         "a dataset folder")
     if folder.is_image_folder(path):
         return _Found("folder", path)
     batches = cifar.find_batches(path)
@@ -147,34 +199,43 @@ def _detect(path: Path) -> _Found:
     if files is not None:
         return _Found("idx", path, tuple(files.values()), tuple(files.items()))
     raise ValueError(
-        f"{path} holds no dataset: expected train/ and test/ class folders, CIFAR python batches "
-        f"(data_batch_N + test_batch, or train + test + meta), a cifar-*-python.tar.gz, or IDX files"
+        f"{folder.printable(str(path))} holds no dataset: expected train/ and test/ class folders, CIFAR python "
+        f"batches (data_batch_N + test_batch, or train + test + meta), a cifar-*-python.tar.gz, or IDX files"
     )
 
 
-def _load_path(path: Path, cache_root: Path, log: Log) -> Dataset:
+def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = None) -> Dataset:
     found = _detect(path)
+    if image_size is not None and found.kind != "folder":
+        holds = "a CIFAR archive" if found.kind == "archive" else f"{found.kind} files"
+        raise ValueError(f"image_size (--image-size) applies to image folders only, but {folder.printable(str(path))} "
+                         f"holds {holds}; leave it out")
     # Extracted CIFAR batches are named by kind; other sources by their folder or archive name (an
     # archive's kind is known only after extraction, and build() names the Dataset then).
     base = path.resolve().name
     base = base[: -len(".tar.gz")] if base.endswith(".tar.gz") else Path(base).stem if path.is_file() else base
-    name = found.kind if found.kind in cifar.ARCHIVE_NAMES else base or "dataset"
-    return _load_found(found, cache_root, log, name=name, classes=())
+    # printable: the name is shown and stored in results; a folder name that is not UTF-8 could not be printed.
+    name = found.kind if found.kind in cifar.ARCHIVE_NAMES else folder.printable(base) or "dataset"
+    return _load_found(found, cache_root, log, name=name, classes=(), image_size=image_size)
 
 
-def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes: tuple[str, ...]) -> Dataset:
+def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes: tuple[str, ...],
+                image_size: int | None = None) -> Dataset:
     source_id = f"{name}@{found.path.resolve()}"
+    shown = folder.printable(str(found.path))
     if found.kind == "folder":
         class_names, splits = folder.list_images(found.path)
         content = folder.fingerprint(found.path, splits)
+        if image_size is not None:  # its own cache file: switching sizes back and forth rebuilds neither
+            source_id += f"@{image_size}px"
 
         def build() -> Dataset:
             n = sum(len(files) for files in splits.values())
-            log(f"decoding {n} images from {found.path} (first read; cached afterwards)")
+            log(f"decoding {n} images from {shown} (first read; cached afterwards)")
             start = time.perf_counter()
             train, test = splits["train"], splits["test"]
             # One decode for both splits, so they agree on the channel count (1 only if every image is grey).
-            x = folder.decode([f.path for f in train + test])
+            x = folder.decode([f.path for f in train + test], image_size=image_size, source=shown)
             log(f"decoded {n} images in {time.perf_counter() - start:.1f} s")
             labels = [np.array([f.label for f in files], np.int64) for files in (train, test)]
             return _dataset(name, x[: len(train)], labels[0], x[len(train) :], labels[1], class_names)
@@ -188,10 +249,10 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
                 return _dataset(expect or kind, *arrays)
             if found.kind == "idx":
                 return _dataset(name, *_read_idx(dict(found.idx_files), classes))
-            log(f"reading CIFAR batches from {found.path} (first read; cached afterwards)")
+            log(f"reading CIFAR batches from {shown} (first read; cached afterwards)")
             return _dataset(name, *cifar.read_batches(found.kind, found.path))
 
-    return _cached(_cache_path(cache_root, name, source_id, content), build, log)
+    return _cached(_cache_path(cache_root, name, source_id, content), build, log, source=shown)
 
 
 # ---- readers -----------------------------------------------------------------------------------------------------
@@ -201,16 +262,23 @@ def _read_archive(archive: Path, cache_root: Path, log: Log, *, expect: str | No
     """Extract a CIFAR archive next to the downloads, read its batches, and delete the extracted copy."""
     scratch = cache_root / "downloads"
     scratch.mkdir(parents=True, exist_ok=True)
+    if expect is not None and expect not in cifar.ARCHIVE_NAMES:
+        # Only CIFAR comes as an archive; a named IDX dataset reaching here is a caller's bug, not the user's.
+        raise ValueError(f"{archive} is a CIFAR archive, but {expect} is read from IDX files; pass its folder")
+    # The scratch copy is removed on every exit (TemporaryDirectory), refused archives included.
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=scratch) as tmp:
         log(f"extracting {archive} (first read; cached afterwards)")
-        safe_extract(archive, tmp)
+        # The official archives' sizes bound what one may write (limits.py); a bigger claim is refused unread.
+        safe_extract(archive, tmp, max_member_bytes=limits.MAX_CIFAR_MEMBER_BYTES,
+                     max_total_bytes=limits.MAX_CIFAR_ARCHIVE_BYTES, max_members=limits.MAX_ARCHIVE_MEMBERS)
         found = cifar.find_batches(Path(tmp))
         if found is None:
             raise ValueError(
                 f"{archive} holds no CIFAR python batches; use cifar-10-python.tar.gz or cifar-100-python.tar.gz"
             )
         if expect is not None and found[0] != expect:
-            raise ValueError(f"{archive} holds {found[0]} batches, not {expect}; use {cifar.ARCHIVE_NAMES[expect]}")
+            raise ValueError(f"{archive} holds {found[0]} batches, not {expect}; pass {cifar.ARCHIVE_NAMES[expect]} "
+                             f"as data_dir (--data-dir), or load it as {found[0]}")
         return found[0], cifar.read_batches(*found)
 
 
@@ -222,6 +290,8 @@ def _read_idx(files: dict[str, Path], classes: tuple[str, ...]) -> tuple:
     top = int(max(train_y.max(initial=0), test_y.max(initial=0)))
     if classes and top >= len(classes):
         raise ValueError(f"{files['train_labels']}: label {top} but the dataset has {len(classes)} classes")
+    if not classes:
+        idx.check_inferred_classes(train_y, test_y, files["train_labels"], files["test_labels"])
     return train_x, train_y, test_x, test_y, list(classes) or [str(i) for i in range(top + 1)]
 
 
@@ -240,30 +310,77 @@ def _fingerprint(files: tuple[Path, ...]) -> str:
     for f in files:
         # A missing file (say batches.meta) is the reader's error to report, with its fix; not ours.
         st = f.stat() if f.exists() else None
-        h.update(f"{f.resolve()}\t{st and st.st_size}\t{st and st.st_mtime_ns}\n".encode())
+        # fsencode: a path that is not UTF-8 hashes as its bytes (a strict .encode() would raise on it).
+        h.update(os.fsencode(f.resolve()) + f"\t{st and st.st_size}\t{st and st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
 def _cache_path(cache_root: Path, name: str, source_id: str, content: str) -> Path:
     """<name>-<source>-<content>.pt: one source keeps one file, the content part changes with the data."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:48]
-    source = hashlib.sha256(f"{CACHE_FORMAT}\n{source_id}".encode()).hexdigest()[:8]
-    return cache_root / "cache" / f"{slug}-{source}-{hashlib.sha256(content.encode()).hexdigest()[:16]}.pt"
+    # surrogateescape: source_id holds the resolved path, whose bytes need not be UTF-8.
+    source = hashlib.sha256(f"{CACHE_FORMAT}\n{source_id}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    digest = hashlib.sha256(content.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return cache_root / "cache" / f"{slug}-{source}-{digest}.pt"
 
 
-def _cached(path: Path, build: Callable[[], Dataset], log: Log) -> Dataset:
+def check_dataset(ds: Dataset, source: str) -> Dataset:
+    """Refuse, with one line naming `source`, a dataset that training could not use; return it unchanged.
+
+    Applied to every dataset load_dataset returns (built, cached or synthetic) and to every build before it is
+    cached: both splits hold images, at least 2 classes, images uint8 (N, C, H, W) with C 1 or 3, labels int64
+    in [0, num_classes).
+    """
+    what = folder.printable(source)
+    for split in ("train", "test"):
+        x, y = getattr(ds, f"{split}_images"), getattr(ds, f"{split}_labels")
+        if x.dtype != torch.uint8 or x.ndim != 4 or y.dtype != torch.int64 or y.shape != (len(x),):
+            raise ValueError(f"{what}: {split} images must be uint8 (N, C, H, W) with int64 (N,) labels, got "
+                             f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
+        if len(x) == 0:
+            raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
+    if ds.num_classes < 2:
+        count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
+        raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
+    channels = ds.image_shape[0]
+    if channels not in (1, 3):
+        raise ValueError(f"{what} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")
+    for split in ("train", "test"):
+        y = getattr(ds, f"{split}_labels")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= ds.num_classes:
+            raise ValueError(f"{what}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
+                             f"for its {ds.num_classes} classes; fix the labels or the class list")
+    return ds
+
+
+class _ChecksumMismatch(ValueError):
+    pass
+
+
+def _cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | None = None) -> Dataset:
+    """The dataset from the cache file at `path`, else from build(), checked and then cached there.
+
+    A cache file that fails in any way (unreadable, wrong layout, checksum, labels) is rebuilt with a warning: the
+    source is still there, so nothing is lost but time. `source` names the data in check_dataset's messages.
+    """
+    shown = folder.printable(str(path))
     if path.exists():
         start = time.perf_counter()
         try:
             ds = _read_cache(path)
+        except _ChecksumMismatch:
+            warn(f"cache {shown} is corrupt (checksum mismatch); rebuilding it from the source")
         # Broad on purpose: a truncated or foreign file can fail inside torch.load in many ways
         # (RuntimeError, EOFError, UnpicklingError, zipfile errors ...); every one means "rebuild".
         except Exception as e:  # noqa: BLE001
-            log(f"cache {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); rebuilding it from the source")
+            reason = folder.printable(" ".join(f"{type(e).__name__}: {e}".split()))[:160]
+            warn(f"cache {shown} is unreadable ({reason}); rebuilding it from the source")
         else:
-            log(f"loaded {ds.name} from cache {path} in {time.perf_counter() - start:.2f} s")
+            log(f"loaded {ds.name} from cache {shown} in {time.perf_counter() - start:.2f} s")
             return ds
     ds = build()
+    check_dataset(ds, source or ds.name)  # before writing: a cache never holds a dataset we would refuse
     _write_cache(path, ds, log)
     return ds
 
@@ -271,27 +388,49 @@ def _cached(path: Path, build: Callable[[], Dataset], log: Log) -> Dataset:
 _TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
 
 
+def _checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over a JSON header (format, name, classes, each tensor's dtype and shape), then each tensor's raw
+    bytes in _TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
+
+    torch.load does not check the zip members' CRC-32, so without this a flipped byte in a label loads silently.
+    Cost, measured on 60,000 x 3x32x32 images (184 MB, one AMD EPYC core with SHA-NI): 0.092 s per hash (2.0 GB/s),
+    paid once per write and once per cache hit, which it takes from 0.045 s (torch.load alone) to 0.14 s.
+    """
+    header = {"format": CACHE_FORMAT, "name": name, "classes": classes,
+              "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)] for k in _TENSORS]}
+    h = hashlib.sha256(json.dumps(header).encode())  # ensure_ascii: any str, surrogates included, encodes
+    for k in _TENSORS:
+        h.update(tensors[k].contiguous().numpy().reshape(-1).view(np.uint8))  # native byte order, as saved
+    return h.hexdigest()
+
+
 def _read_cache(path: Path) -> Dataset:
     # weights_only=True: the file holds only tensors, strings and ints, so no pickle code can run.
     d = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(d, dict) or d.get("format") != CACHE_FORMAT:
         raise ValueError("not a speedrun cache file of this version")
-    x, y, tx, ty = (d[k] for k in _TENSORS)
+    tensors = {k: d[k] for k in _TENSORS}
+    name, classes, digest = d["name"], d["classes"], d["sha256"]
     ok = (
-        all(isinstance(v, torch.Tensor) for v in (x, y, tx, ty))
-        and x.dtype == tx.dtype == torch.uint8 and x.ndim == tx.ndim == 4 and x.shape[1:] == tx.shape[1:]
-        and y.dtype == ty.dtype == torch.int64 and y.shape == (len(x),) and ty.shape == (len(tx),)
-        and isinstance(d["classes"], list) and all(isinstance(c, str) for c in d["classes"])
+        all(isinstance(v, torch.Tensor) for v in tensors.values())
+        and isinstance(name, str) and isinstance(digest, str)
+        and isinstance(classes, list) and all(isinstance(c, str) for c in classes)
     )
     if not ok:
-        raise ValueError("tensors have the wrong dtype or shape")
-    return Dataset(d["name"], x.contiguous(), y.contiguous(), tx.contiguous(), ty.contiguous(), d["classes"])
+        raise ValueError("entries have the wrong types")
+    if _checksum(name, classes, tensors) != digest:
+        raise _ChecksumMismatch("checksum mismatch")
+    # Dataset checks dtypes and shapes, check_dataset the labels' range: both raise ValueError, so rebuild.
+    ds = Dataset(name, *(tensors[k].contiguous() for k in _TENSORS), classes)
+    return check_dataset(ds, str(path))
 
 
 def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
     """Write atomically (temp file in the same directory, then os.replace) and drop this source's old caches."""
+    shown = folder.printable(str(path))
     payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes)}
     payload.update({k: getattr(ds, k) for k in _TENSORS})
+    payload["sha256"] = _checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in _TENSORS})
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,12 +444,13 @@ def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
         tmp = None
     except OSError as e:
         # A read-only or full cache dir costs speed next time, not correctness now.
-        log(f"could not write cache {path} ({e}); continuing without it")
+        warn(f"could not write cache {shown} ({e.strerror or e}); continuing without it, so the next run decodes "
+             "again")
         return
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    log(f"cached {ds.name} at {path}")
+    log(f"cached {ds.name} at {shown}")
     stem = path.name.rsplit("-", 1)[0]
     for old in path.parent.glob(f"{stem}-*.pt"):
         if old != path and old.name.rsplit("-", 1)[0] == stem:

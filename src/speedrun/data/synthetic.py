@@ -9,18 +9,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 
 DEFAULTS: dict[str, object] = {"train": 50000, "test": 10000, "shape": (3, 32, 32), "classes": 10, "seed": 0}
+# Smallest values: an empty split is no data set, one class no classification task.
+_MINIMUM = {"train": 1, "test": 1, "classes": 2, "seed": 0}
+# Channels: grey, RGB or RGBA. Sides: those of in-memory image data (limits.MAX_IMAGE_SIDE_PX).
+_MAX_CHANNELS = 4
+# Largest values: ImageNet-21k has 21,841 classes (the class names are a list of that many strings); numpy
+# seeds are unbounded, but a seed beyond 64 bits is a typo.
+_MAXIMUM = {"classes": 100_000, "seed": 2**64 - 1}
 
 
-def _int(key: str, text: str, minimum: int) -> int:
+def _int(key: str, text: str, minimum: int, maximum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"synthetic: {key} must be an integer, got {text!r}") from None
+        # Python refuses to parse integers of more than 4,300 digits: too large, not "not an integer".
+        kind = "is far too large" if text.strip().lstrip("+-").isdigit() else "must be an integer"
+        shown = text if len(text) <= 20 else text[:20] + "..."
+        raise ValueError(f"synthetic: {key} {kind}, got {shown!r}") from None
     if value < minimum:
         raise ValueError(f"synthetic: {key} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"synthetic: {key} must be <= {maximum}, got {value}")
     return value
 
 
@@ -44,9 +57,14 @@ def parse_spec(spec: str) -> dict[str, object]:
             parts = value.lower().split("x")
             if len(parts) != 3:
                 raise ValueError(f"synthetic: shape must look like 3x32x32 (CxHxW), got {value!r}")
-            options[key] = tuple(_int("shape", p, 1) for p in parts)
+            sides = (_MAX_CHANNELS, limits.MAX_IMAGE_SIDE_PX, limits.MAX_IMAGE_SIDE_PX)
+            options[key] = tuple(_int(f"shape {axis}", p, 1, top) for axis, p, top in zip("CHW", parts, sides))
         else:
-            options[key] = _int(key, value, {"train": 1, "test": 0, "classes": 1, "seed": 0}[key])
+            options[key] = _int(key, value, _MINIMUM[key], _MAXIMUM.get(key))
+    c, h, w = options["shape"]  # type: ignore[misc]
+    # Refused here, before make() allocates: both splits are held in memory at once.
+    total = (int(options["train"]) + int(options["test"])) * c * h * w  # type: ignore[call-overload]
+    limits.check_dataset_bytes(total, f"synthetic data ({options['train']} + {options['test']} images of {c}x{h}x{w})")
     return options
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import torch
 
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
-from speedrun.engine import Timer, evaluate, seed_everything, synchronize
+from speedrun.engine import FiniteLossGuard, Timer, evaluate, seed_everything, synchronize
 from speedrun.models import CifarNet
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
@@ -97,28 +98,90 @@ class CifarConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
     channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU, off for MPS
     compile: bool = False
-    compile_mode: str = "max-autotune-no-cudagraphs"
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
+        "max-autotune-no-cudagraphs"  # torch.compile's modes
     cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
+    check_finite_loss: bool = True  # stop a run within one step of its loss turning NaN/inf (engine.FiniteLossGuard)
 
     def validate(self) -> None:
+        """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
+        for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"bad config: {f.name}={value} must be a finite number")
+        nonneg = ("lr_per_1024", "weight_decay_per_1024", "bias_lr_mult", "lr_start_mult", "lr_end_mult",
+                  "muon_lr", "muon_bias_lr", "muon_head_lr", "muon_weight_decay_per_example", "whiten_bias_epochs",
+                  "translate_px", "cutout_px", "cutmix_px")
         checks = [
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.epochs > 0, "epochs must be > 0"),
-            (len(self.widths) >= 1 and min(self.widths) >= 1, "widths must be positive, e.g. 64,256,256"),
+            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
+            (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
+            (1 <= len(self.widths) <= MAX_GROUPS and all(1 <= w <= MAX_WIDTH for w in self.widths),
+             f"widths must be 1 to {MAX_GROUPS} numbers in [1, {MAX_WIDTH}], e.g. 64,256,256"),
             (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3"),
             (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (0 <= self.momentum < 1 and 0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
-            (self.lookahead_every_steps >= 1, "lookahead_every_steps must be >= 1"),
+            (0 < self.bn_momentum <= 1, "bn_momentum must be in (0, 1]"),
+            (self.bn_eps > 0 and self.whiten_eps > 0, "bn_eps and whiten_eps must be > 0"),
+            (self.logit_scale > 0, "logit_scale must be > 0"),
+            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1], e.g. 0.94"),
+            (all(getattr(self, k) >= 0 for k in nonneg), f"{', '.join(nonneg)} must be >= 0"),
+            (1 <= self.lookahead_every_steps <= 10**6 and 0 <= self.lookahead_base <= 1,
+             "lookahead_every_steps must be in [1, 1000000] and lookahead_base in [0, 1]"),
             (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
-            (self.whiten_kernel_px >= 1 and self.whiten_images >= 1, "whiten_kernel_px/whiten_images >= 1"),
-            (self.eval_batch_size >= 1, "eval_batch_size must be >= 1"),
+            (1 <= self.whiten_kernel_px <= 8 and 1 <= self.whiten_images <= 10**7,
+             "whiten_kernel_px must be in [1, 8] and whiten_images in [1, 10000000]"),
+            (1 <= self.muon_ns_steps <= 20, "muon_ns_steps must be in [1, 20]"),
+            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad config: {message}")
+
+
+# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
+# the machine away before the first step.
+MAX_BATCH = 1 << 16
+MAX_EPOCHS = 10_000.0
+MAX_GROUPS = 8
+MAX_WIDTH = 8192
+
+
+def output_side(side_px: int, cfg: CifarConfig) -> int:
+    """The spatial side after the whitening conv (no padding) and one 2x2 max pool per group (floor)."""
+    side = side_px - cfg.whiten_kernel_px + 1
+    for _ in cfg.widths:
+        side //= 2
+    return side
+
+
+def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
+               num_classes: int) -> list[str]:
+    """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
+
+    Called before any step, so that no run starts that would fail or mean nothing later.
+    """
+    c, h, w = image_shape
+    side = min(h, w)
+    if output_side(side, cfg) < 1:
+        fits = [n for n in range(1, len(cfg.widths) + 1) if output_side(side, dataclasses.replace(
+            cfg, widths=cfg.widths[:n])) >= 1]
+        raise ValueError(
+            f"{h}x{w} images are too small for {len(cfg.widths)} groups: the whitening conv ({cfg.whiten_kernel_px} "
+            f"px) and {len(cfg.widths)} 2x2 pools leave nothing; use at most {max(fits, default=0)} widths "
+            f"(--set widths=...), or larger images (image_size / --image-size for image folders)")
+    for name, px, limit in (("translate_px", cfg.translate_px, side - 1), ("cutout_px", cfg.cutout_px, side),
+                            ("cutmix_px", cfg.cutmix_px, side)):
+        if px > limit:
+            raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
+    notes = []
+    if cfg.batch_size > num_train:
+        notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
+                     f"repeats images, and {math.ceil(cfg.epochs * num_train / cfg.batch_size)} step(s) will not "
+                     f"train a network; lower batch_size (--set batch_size=...)")
+    return notes
 
 
 def cifar10_94() -> CifarConfig:
@@ -146,17 +209,18 @@ def cifar10_96() -> CifarConfig:
 @dataclass
 class RunResult:
     seed: int
-    accuracy: float  # final test accuracy after TTA, fraction
-    train_seconds: float  # the timed region
+    accuracy: float | None  # final test accuracy after TTA, fraction; None for a diverged run
+    train_seconds: float | None  # the timed region; None for a diverged run
     epochs: float
-    steps: int
+    steps: int  # steps taken (for a diverged run: up to the step whose loss was not finite)
     history: list[dict] = field(default_factory=list)  # one row per epoch
     model: torch.nn.Module | None = None
+    diverged: dict | None = None  # engine.Diverged.to_dict() when the loss became NaN/inf
 
     def to_dict(self) -> dict:
         """JSON-ready fields (the model is not serialized)."""
         return {"seed": self.seed, "accuracy": self.accuracy, "train_seconds": self.train_seconds,
-                "epochs": self.epochs, "steps": self.steps, "history": self.history}
+                "epochs": self.epochs, "steps": self.steps, "diverged": self.diverged, "history": self.history}
 
 
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
@@ -245,6 +309,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     forward = maybe_compile(model, cfg.compile, cfg.compile_mode)
     optimizers = build_optimizers(cfg, model)
     total_steps = loader.steps
+    # The lr the divergence message names: the setting a user would lower.
+    lr_name, base_lr = ("lr_per_1024", cfg.lr_per_1024) if cfg.optimizer == "sgd" else ("muon_lr", cfg.muon_lr)
+    guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss)
 
     def amp():
         return autocast(device, precision)
@@ -271,6 +338,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                 group["lr"] = group["initial_lr"] * mult
         logits, loss = train_step(forward, optimizers, inputs, targets, cfg.label_smoothing, amp)
         step += 1
+        guard.check(step, loss, base_lr * mult)
         if lookahead is not None and step % cfg.lookahead_every_steps == 0:
             lookahead.update(lookahead_decay(step, total_steps, cfg.lookahead_base, cfg.lookahead_every_steps))
         if on_step is not None:
@@ -287,6 +355,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             if on_epoch is not None:
                 on_epoch(row)
             timer.start()
+    guard.finish()
     if lookahead is not None:
         lookahead.update(1.0)  # final sync: the live net takes the averaged weights
     accuracy = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,

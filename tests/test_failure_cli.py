@@ -1,0 +1,310 @@
+"""Failure behaviour of `speedrun train` (issue 6): one line and exit 2 before any work, nothing lost, no silent NaN.
+
+Each class of defect is tested with the issue's example and at least one variant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedrun import runs
+from speedrun.cli import main
+from speedrun.recipes import cifar
+
+TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs", "0.5",
+        "--set", "batch_size=32", "--set", "widths=8,16,16", "--set", "whiten_images=32"]
+
+
+def _strict(text: str) -> dict:
+    """json.loads that refuses NaN/Infinity, as strict parsers (JavaScript's JSON.parse, Go, jq) do."""
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON constant {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Replace every recipe's run and warm-up with a recorder, so a test sees whether training would have started."""
+    started = []
+
+    def run(*args, **kwargs):
+        started.append(args)
+        raise AssertionError("a run started for an input that must be refused")
+
+    for name, rec in list(runs.RECIPES.items()):
+        monkeypatch.setitem(runs.RECIPES, name, runs.dataclasses.replace(rec, run=run, warmup=lambda *a: 0.0))
+    return started
+
+
+def _one_line_error(capsys, code, fragment):
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("speedrun: error: "), err
+    assert fragment in err, err
+    assert "Traceback" not in err
+    return err
+
+
+# ---- tracebacks instead of one line ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--set", "seed=3"], "seed is not a config key: use --seed"),  # the issue's class: keys that are train() args
+    (["--set", "device=cpu"], "use --device"),
+    (["--set", "runs=2"], "use --runs"),
+    (["--set", "epochs=2"], "epochs is given twice"),  # with --epochs in TINY
+    (["--epochs", "inf"], "(--epochs) must be a number in (0,"),  # the issue's example
+    (["--epochs", "nan"], "(--epochs) must be a number in (0,"),
+    (["--epochs", "1e300"], "(--epochs) must be a number in (0,"),
+    (["--set", "lr_per_1024=nan"], "lr_per_1024=nan: expected a finite number"),  # the issue's example
+    (["--set", "label_smoothing=-inf"], "expected a finite number"),
+    (["--set", "compile_mode=bogus"], "compile_mode='bogus': expected one of default|"),  # the issue's example
+    (["--set", "batch_size=100000000"], "batch_size must be in [1,"),
+    (["--set", "widths=8,16,1000000"], "widths must be 1 to 8 numbers"),
+    (["--set", "bn_eps=0"], "bn_eps and whiten_eps must be > 0"),
+    (["--set", "lookahead_base=2"], "lookahead_base in [0, 1]"),
+])
+def test_bad_settings_are_one_line_before_any_run(extra, fragment, capsys, tmp_path, no_run):
+    code = main(["train", *TINY, *extra, "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, fragment)
+    assert not no_run and not (tmp_path / "r.json").exists()
+
+
+def test_set_epochs_is_the_config_field(tmp_path):
+    """`--set epochs=E` (a key that is also a train() argument) trains E epochs instead of a TypeError."""
+    argv = [a for a in TINY if a not in ("--epochs", "0.5")]
+    out = tmp_path / "r.json"
+    assert main(["train", *argv, "--set", "epochs=0.25", "--json", str(out), "--quiet"]) == 0
+    assert _strict(out.read_text())["runs"][0]["epochs"] == 0.25
+
+
+@pytest.mark.parametrize("dataset, extra, fragment", [
+    ("synthetic:train=64,test=16,shape=3x8x8", [], "8x8 images are too small for 3 groups"),  # the issue's example
+    ("synthetic:train=64,test=16,shape=1x4x4", [], "4x4 images are too small"),
+    ("synthetic:train=64,test=16", ["--set", "widths=8,8,8,8,8"], "use at most 4 widths"),  # too deep
+    ("synthetic:train=64,test=16,shape=3x12x12", ["--set", "translate_px=12"], "translate_px=12 does not fit"),
+])
+def test_data_that_does_not_fit_the_net_is_one_line(dataset, extra, fragment, capsys, tmp_path, no_run):
+    code = main(["train", "--dataset", dataset, "--device", "cpu", "--set", "widths=8,8,8", *extra,
+                 "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, fragment)
+    assert not no_run
+
+
+def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("something\nbroke")
+
+    rec = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=broken))
+    assert main(["train", *TINY, "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: something broke" in err
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("speedrun 0.")
+
+
+# ---- lost or overwritten data ------------------------------------------------------------------------------------
+
+
+def test_json_never_replaces_an_existing_file(capsys, tmp_path, no_run):
+    out = tmp_path / "r.json"
+    out.write_text("precious")
+    code = main(["train", *TINY, "--json", str(out)])
+    _one_line_error(capsys, code, "already exists and is never replaced")
+    assert out.read_text() == "precious" and not no_run
+
+
+@pytest.mark.parametrize("make_path", [
+    lambda tmp: tmp / "a-file" / "r.json",  # the parent is a file
+    lambda tmp: tmp,  # a directory
+    lambda tmp: tmp / ("x" * 300 + ".json"),  # a name longer than the filesystem allows
+    lambda tmp: Path("/proc/speedrun-r.json"),  # not writable, even by root (tests run as root here)
+])
+def test_unwritable_json_fails_before_training(make_path, capsys, tmp_path, no_run):
+    (tmp_path / "a-file").write_text("x")
+    path = make_path(tmp_path)
+    code = main(["train", *TINY, "--json", str(path)])
+    _one_line_error(capsys, code, str(path))
+    assert not no_run
+
+
+def test_unwritable_results_dir_fails_before_training(capsys, tmp_path, monkeypatch, no_run):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "a-file" / "results"))
+    _one_line_error(capsys, main(["train", *TINY]), "set SPEEDRUN_RESULTS to a writable directory")
+    assert not no_run
+
+
+def test_result_is_rewritten_after_every_run(tmp_path, monkeypatch):
+    """A crash in run 3 keeps runs 1 and 2 in the file, marked incomplete."""
+    calls = []
+
+    def run_then_crash(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return cifar.train_run(*args, **kwargs)
+
+    rec = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=run_then_crash))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--runs", "4", "--json", str(out), "--quiet"]) == 1
+    result = _strict(out.read_text())
+    assert [r["seed"] for r in result["runs"]] == [0, 1] and result["complete"] is False
+    assert result["runs_requested"] == 4
+
+
+def test_sigterm_keeps_finished_runs_and_exits_143(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--dataset", "synthetic:train=2048,test=256", "--device", "cpu", "--epochs", "2", "--runs", "50",
+            "--set", "batch_size=64", "--set", "widths=16,32,32", "--json", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli", "train", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the file holds a finished run
+        text = out.read_text() if out.exists() else ""
+        if text.strip() and _strict(text)["runs"]:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("speedrun: terminated (SIGTERM)")
+    result = _strict(out.read_text())
+    assert result["interrupted"] is True and result["complete"] is False
+    assert 1 <= len(result["runs"]) < 50 and all(r["accuracy"] is not None for r in result["runs"])
+
+
+def test_interrupt_before_any_run_leaves_no_empty_claim(tmp_path, monkeypatch, capsys):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    rec = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=interrupt))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--json", str(out), "--quiet"]) == 130
+    assert not out.exists()
+
+
+# ---- silent wrong results ----------------------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_the_run_within_one_step(tmp_path, monkeypatch, capsys):
+    """The step whose loss is NaN is the last step taken; the result records the run as diverged, in strict JSON."""
+    steps_taken = []
+    real_step = cifar.train_step
+
+    def step_with_nan_at_3(*args, **kwargs):
+        logits, loss = real_step(*args, **kwargs)
+        steps_taken.append(1)
+        return logits, loss * float("nan") if len(steps_taken) == 3 else loss
+
+    monkeypatch.setattr(cifar, "train_step", step_with_nan_at_3)
+    out = tmp_path / "r.json"
+    code = main(["train", *TINY, "--epochs", "2", "--json", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert len(steps_taken) == 3  # no step after the bad one
+    assert "diverged: the training loss became nan at step 3 of 8 (lr_per_1024" in err
+    result = _strict(out.read_text())
+    (run,) = result["runs"]
+    assert run["accuracy"] is None and run["diverged"]["step"] == 3 and run["diverged"]["loss"] == "nan"
+    assert result["diverged_runs"] == 1 and result["mean_accuracy"] is None and result["n"] == 0
+
+
+def test_a_real_divergence_is_caught_and_other_seeds_go_on(tmp_path, capsys):
+    """lr_per_1024=1e30 blows the weights up; every run is recorded as diverged, with the step and the lr."""
+    out = tmp_path / "r.json"
+    code = main(["train", *TINY, "--runs", "2", "--set", "lr_per_1024=1e30", "--json", str(out), "--quiet"])
+    assert code == 3
+    result = _strict(out.read_text())
+    assert result["diverged_runs"] == 2 and [r["seed"] for r in result["runs"]] == [0, 1]
+    for run in result["runs"]:
+        assert run["diverged"]["lr"] > 1e28 and run["diverged"]["step"] <= run["diverged"]["total_steps"]
+    assert capsys.readouterr().err.count("speedrun: warning: run ") == 2
+
+
+def test_finite_loss_check_off_is_a_no_op(tiny):
+    """check_finite_loss=false trains bit-identically to true on a run that does not diverge."""
+    cfg = cifar.CifarConfig(batch_size=64, epochs=1.0, widths=(8, 8, 8), whiten_images=64, eval_each_epoch=False)
+    a = cifar.train_run(cfg, tiny, torch.device("cpu"), seed=0)
+    b = cifar.train_run(runs.dataclasses.replace(cfg, check_finite_loss=False), tiny, torch.device("cpu"), seed=0)
+    assert a.accuracy == b.accuracy
+    for pa, pb in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+        assert torch.equal(pa, pb)
+
+
+def test_write_json_never_writes_bare_nan(tmp_path):
+    from speedrun.results import write_json
+
+    path = write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -math.inf}})
+    assert _strict(path.read_text()) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+def test_api_rejects_nonfinite_and_wrong_types():
+    import speedrun
+
+    for kwargs, fragment in [({"lr_per_1024": float("nan")}, "finite"), ({"epochs": float("inf")}, "epochs"),
+                             ({"runs": 1.5}, "runs (--runs)"), ({"lr_per_1024": 10**400}, "finite")]:
+        with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+            speedrun.train("cifar10-94", "synthetic:train=64,test=16", device="cpu", **kwargs)
+
+
+# ---- rough edges -------------------------------------------------------------------------------------------------
+
+
+def test_batch_larger_than_the_data_warns_even_when_quiet(capsys, tmp_path):
+    code = main(["train", "--dataset", "synthetic:train=16,test=16", "--device", "cpu", "--set", "batch_size=32",
+                 "--set", "widths=8,8,8", "--set", "whiten_images=16", "--quiet", "--json", str(tmp_path / "r.json")])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "speedrun: warning: batch_size 32 is larger than the 16 training images" in err
+
+
+def test_quiet_prints_the_summary_and_n1_shows_no_spread(capsys, tmp_path):
+    assert main(["train", *TINY, "--quiet", "--json", str(tmp_path / "r.json")]) == 0
+    captured = capsys.readouterr()
+    assert "test acc %" in captured.out and "n/a" in captured.out and "0.00 .." not in captured.out
+    assert captured.err == ""  # no progress, no tables, no notes
+
+
+def test_piped_output_keeps_progress_and_does_not_wrap(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--epochs", "2",
+                           "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "run 1/1: step 8/8 (100%)" in proc.stderr  # plain progress lines instead of a lost bar
+    caption = [line for line in proc.stdout.splitlines() if "runs reached the target" in line]
+    assert len(caption) == 1 and len(caption[0].strip()) > 80  # one line, not wrapped at 80 columns
+
+
+def test_smoke_test_is_quick_and_says_what_it_is(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = main(["train", "--dataset", "synthetic:train=4096,test=2000", "--device", "cpu", "--smoke",
+                 "--set", "widths=8,8,8", "--json", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "SMOKE TEST (pipeline check, not a result)" in captured.out and "smoke test: 4 step(s)" in captured.err
+    result = _strict(out.read_text())
+    assert result["smoke_test"] is True and result["runs"][0]["steps"] == 4
+    assert result["config"]["tta_level"] == 0
+
+
+def test_short_runs_say_that_evaluation_dominates(capsys, tmp_path):
+    assert main(["train", "--dataset", "synthetic:train=256,test=2000", "--device", "cpu", "--epochs", "0.1",
+                 "--set", "widths=8,8,8", "--set", "batch_size=64", "--json", str(tmp_path / "r.json")]) == 0
+    assert "is more work than the training itself" in capsys.readouterr().err
