@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 
 from speedrun.data import download
-from speedrun.data.download import fetch, md5_file, safe_extract
+from speedrun.data.archive import safe_extract
+from speedrun.data.download import fetch, md5_file
 
 PAYLOAD = bytes(range(256)) * 4000  # ~1 MB: spans a chunk boundary of the 1 MiB reader
 PAYLOAD_MD5 = hashlib.md5(PAYLOAD).hexdigest()

@@ -27,8 +27,9 @@ import torch
 from conftest import run_peak, snapshot
 from test_data_sources import _archive, _py2_pickle, _write_cifar10
 
-from speedrun.data import cifar, download, idx, limits, synthetic
-from speedrun.data.download import fetch, safe_extract
+from speedrun.data import download, idx, limits, synthetic
+from speedrun.data.archive import safe_extract
+from speedrun.data.download import fetch
 from speedrun.data.sources import load_dataset
 
 MiB = 1 << 20
@@ -64,7 +65,7 @@ def _outcomes(stderr: str) -> list[str]:
 
 def _peak_cases(calls: list[str], env: dict | None = None) -> tuple[int, list[str]]:
     """Run each call (a Python expression) in one fresh process; (peak growth, 'Type: message' or 'ok' per call)."""
-    body = "import json\nfrom speedrun.data import cifar, download, idx, sources\nfrom pathlib import Path\n"
+    body = "import json\nfrom speedrun.data import archive, cifar, download, idx, sources\nfrom pathlib import Path\n"
     for call in calls:
         body += textwrap.dedent(f"""
             try:
@@ -296,7 +297,7 @@ def test_tar_bombs_are_refused_from_their_headers(tmp_path):
     paths = [member, pax, trailer]
     assert max(p.stat().st_size for p in paths) < 400_000
     out_dirs = [tmp_path / f"out{i}" for i in range(len(paths))]
-    peak, out = _peak_cases([f"download.safe_extract(Path({str(p)!r}), Path({str(o)!r}))"
+    peak, out = _peak_cases([f"archive.safe_extract(Path({str(p)!r}), Path({str(o)!r}))"
                              for p, o in zip(paths, out_dirs)])
     assert peak < SMALL, (peak, out)
     for o, p in zip(out, paths):

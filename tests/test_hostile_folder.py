@@ -18,7 +18,7 @@ import torch
 from conftest import run_peak, snapshot
 from PIL import Image
 
-from speedrun.data import folder, sources, synthetic
+from speedrun.data import cache, folder, synthetic
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import check_dataset, load_dataset
 from speedrun.errors import SpeedrunWarning
@@ -404,10 +404,10 @@ def test_cache_with_valid_checksum_but_bad_labels_is_rebuilt(tmp_path):
     root = _folder(tmp_path / "pics")
     first = load_dataset(str(root), cache_dir=tmp_path / "cache")
     (path,) = (tmp_path / "cache" / "cache").glob("*.pt")
-    tensors = {k: getattr(first, k).clone() for k in sources._TENSORS}
+    tensors = {k: getattr(first, k).clone() for k in cache._TENSORS}
     tensors["test_labels"][0] = 7  # two classes: out of range, and signed as if we had written it
-    payload = {"format": sources.CACHE_FORMAT, "name": first.name, "classes": first.classes, **tensors,
-               "sha256": sources._checksum(first.name, first.classes, tensors)}
+    payload = {"format": cache.CACHE_FORMAT, "name": first.name, "classes": first.classes, **tensors,
+               "sha256": cache._checksum(first.name, first.classes, tensors)}
     torch.save(payload, path)
     with pytest.warns(SpeedrunWarning, match=r"unreadable \(ValueError: .*test label 7 is outside \[0, 2\)"):
         rebuilt = load_dataset(str(root), cache_dir=tmp_path / "cache")

@@ -1,7 +1,8 @@
-"""Warnings the user should see even with --quiet (a rebuilt cache, a batch larger than the data, ...).
+"""What the user sees when something goes wrong: warnings, the SIGTERM interrupt, printable names.
 
-Library code calls `warn(message)`: Python API users get a standard `SpeedrunWarning` they can filter; the CLI
-shows each as one line, `speedrun: warning: ...`, on stderr.
+Warnings the user should see even with --quiet (a rebuilt cache, a batch larger than the data, ...): library code
+calls `warn(message)`; Python API users get a standard `SpeedrunWarning` they can filter, and the CLI shows each
+as one line, `speedrun: warning: ...`, on stderr.
 """
 
 from __future__ import annotations
@@ -20,3 +21,15 @@ def warn(message: str) -> None:
 class Terminated(KeyboardInterrupt):
     """SIGTERM (sent by `timeout`, schedulers and container runtimes) as an interrupt: the finished runs are kept,
     as for Ctrl-C, and the CLI exits 143 (128 + 15)."""
+
+
+def printable(text: str) -> str:
+    """`text` as one printable line: file-name bytes that are not UTF-8 (os.fsdecode's surrogates) become \\xNN,
+    control characters (a newline in a file name) become escapes. Paths go through this before any message."""
+    if text.isascii() and text.isprintable():
+        return text
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speedrun.errors import printable
+
 
 @dataclass
 class Dataset:
@@ -56,3 +58,33 @@ class Dataset:
 
 def _describe(v: object) -> str:
     return f"{v.dtype} {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+
+
+def check_dataset(ds: Dataset, source: str) -> Dataset:
+    """Refuse, with one line naming `source`, a dataset that training could not use; return it unchanged.
+
+    Applied to every dataset load_dataset returns (built, cached or synthetic) and to every build before it is
+    cached: both splits hold images, at least 2 classes, images uint8 (N, C, H, W) with C 1 or 3, labels int64
+    in [0, num_classes).
+    """
+    what = printable(source)
+    for split in ("train", "test"):
+        x, y = getattr(ds, f"{split}_images"), getattr(ds, f"{split}_labels")
+        if x.dtype != torch.uint8 or x.ndim != 4 or y.dtype != torch.int64 or y.shape != (len(x),):
+            raise ValueError(f"{what}: {split} images must be uint8 (N, C, H, W) with int64 (N,) labels, got "
+                             f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
+        if len(x) == 0:
+            raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
+    if ds.num_classes < 2:
+        count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
+        raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
+    channels = ds.image_shape[0]
+    if channels not in (1, 3):
+        raise ValueError(f"{what} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")
+    for split in ("train", "test"):
+        y = getattr(ds, f"{split}_labels")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= ds.num_classes:
+            raise ValueError(f"{what}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
+                             f"for its {ds.num_classes} classes; fix the labels or the class list")
+    return ds

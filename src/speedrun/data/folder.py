@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 from speedrun.data import limits
+from speedrun.errors import printable
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Pillow picks a decoder by the file's content, not its name: without this list an EPS file named x.png would
@@ -44,18 +45,6 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Pillow's resize first box-reduces by an integer factor while the image stays this many times larger than the
 # target, then resamples: its docs call 3.0 indistinguishable from plain resampling, and it is much faster on photos.
 _REDUCING_GAP = 3.0
-
-
-def printable(text: str) -> str:
-    """`text` as one printable line: file-name bytes that are not UTF-8 (os.fsdecode's surrogates) become \\xNN,
-    control characters (a newline in a file name) become escapes. Paths go through this before any message."""
-    if text.isascii() and text.isprintable():
-        return text
-    try:
-        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _reason(e: BaseException) -> str:
@@ -266,6 +255,9 @@ def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int
     except _Refused as e:
         errors.send(str(e))
         sys.exit(1)  # SystemExit: the process ends with code 1 and prints nothing
+    except Exception as e:  # noqa: BLE001 -- a worker prints no traceback either: the parent reports one line
+        errors.send(f"a decode worker failed ({_reason(e)})")
+        sys.exit(1)
 
 
 def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int | None,
@@ -304,7 +296,7 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
                     except EOFError:  # it died without a word
                         pass
                     how = (f"killed by signal {-proc.exitcode}; out of memory?" if proc.exitcode < 0
-                           else f"exit code {proc.exitcode}; its error is printed above")
+                           else f"exit code {proc.exitcode}")
                     raise _Refused(f"{printable(source)}: a decode worker died ({how}); free memory or decode fewer "
                                    "images")
     finally:

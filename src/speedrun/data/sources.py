@@ -2,17 +2,14 @@
 
 Named datasets are downloaded once (MD5-verified) into `<cache_dir>/downloads/`; every decoded dataset
 except `synthetic` is then saved as one torch file in `<cache_dir>/cache/` and read from there next time.
-The cache file name carries a fingerprint of the source (published MD5s, or path + names + sizes +
-mtimes of local files), so editing an image folder or swapping files in --data-dir rebuilds it.
+The cache (`cache.py`) is keyed by a fingerprint of the source, so editing an image folder or swapping files in
+--data-dir rebuilds it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import operator
 import os
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,12 +20,11 @@ import numpy as np
 import torch
 
 from speedrun.data import cifar, folder, idx, limits, synthetic
-from speedrun.data.dataset import Dataset
-from speedrun.data.download import Remote, fetch, safe_extract
-from speedrun.errors import warn
+from speedrun.data.cache import cache_path, cached, fingerprint_files
+from speedrun.data.dataset import Dataset, check_dataset
+from speedrun.data.archive import safe_extract
+from speedrun.data.download import Remote, fetch
 
-# Bump when the cache layout changes: old files then simply stop matching. 2: payload carries "sha256".
-CACHE_FORMAT = 2
 
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
@@ -154,7 +150,7 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
         return _dataset(name, *_read_idx(dict(zip(idx.FILES, paths)), remote.classes))
 
     md5s = "\n".join(md5 for _, md5 in remote.files)
-    return _cached(_cache_path(cache_root, name, "official", md5s), build, log)
+    return cached(cache_path(cache_root, name, "official", md5s), build, log)
 
 
 @dataclass(frozen=True)
@@ -240,7 +236,7 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
             labels = [np.array([f.label for f in files], np.int64) for files in (train, test)]
             return _dataset(name, x[: len(train)], labels[0], x[len(train) :], labels[1], class_names)
     else:
-        content = _fingerprint(found.files)
+        content = fingerprint_files(found.files)
 
         def build() -> Dataset:
             if found.kind == "archive":
@@ -252,7 +248,7 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
             log(f"reading CIFAR batches from {shown} (first read; cached afterwards)")
             return _dataset(name, *cifar.read_batches(found.kind, found.path))
 
-    return _cached(_cache_path(cache_root, name, source_id, content), build, log, source=shown)
+    return cached(cache_path(cache_root, name, source_id, content), build, log, source=shown)
 
 
 # ---- readers -----------------------------------------------------------------------------------------------------
@@ -300,161 +296,3 @@ def _dataset(name: str, train_x, train_y, test_x, test_y, classes: list[str]) ->
         return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
 
     return Dataset(name, t(train_x, np.uint8), t(train_y, np.int64), t(test_x, np.uint8), t(test_y, np.int64), classes)
-
-
-# ---- cache -------------------------------------------------------------------------------------------------------
-
-
-def _fingerprint(files: tuple[Path, ...]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        # A missing file (say batches.meta) is the reader's error to report, with its fix; not ours.
-        st = f.stat() if f.exists() else None
-        # fsencode: a path that is not UTF-8 hashes as its bytes (a strict .encode() would raise on it).
-        h.update(os.fsencode(f.resolve()) + f"\t{st and st.st_size}\t{st and st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def _cache_path(cache_root: Path, name: str, source_id: str, content: str) -> Path:
-    """<name>-<source>-<content>.pt: one source keeps one file, the content part changes with the data."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:48]
-    # surrogateescape: source_id holds the resolved path, whose bytes need not be UTF-8.
-    source = hashlib.sha256(f"{CACHE_FORMAT}\n{source_id}".encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    digest = hashlib.sha256(content.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return cache_root / "cache" / f"{slug}-{source}-{digest}.pt"
-
-
-def check_dataset(ds: Dataset, source: str) -> Dataset:
-    """Refuse, with one line naming `source`, a dataset that training could not use; return it unchanged.
-
-    Applied to every dataset load_dataset returns (built, cached or synthetic) and to every build before it is
-    cached: both splits hold images, at least 2 classes, images uint8 (N, C, H, W) with C 1 or 3, labels int64
-    in [0, num_classes).
-    """
-    what = folder.printable(source)
-    for split in ("train", "test"):
-        x, y = getattr(ds, f"{split}_images"), getattr(ds, f"{split}_labels")
-        if x.dtype != torch.uint8 or x.ndim != 4 or y.dtype != torch.int64 or y.shape != (len(x),):
-            raise ValueError(f"{what}: {split} images must be uint8 (N, C, H, W) with int64 (N,) labels, got "
-                             f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
-        if len(x) == 0:
-            raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
-    if ds.num_classes < 2:
-        count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
-        raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
-    channels = ds.image_shape[0]
-    if channels not in (1, 3):
-        raise ValueError(f"{what} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")
-    for split in ("train", "test"):
-        y = getattr(ds, f"{split}_labels")
-        low, high = int(y.min()), int(y.max())
-        if low < 0 or high >= ds.num_classes:
-            raise ValueError(f"{what}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
-                             f"for its {ds.num_classes} classes; fix the labels or the class list")
-    return ds
-
-
-class _ChecksumMismatch(ValueError):
-    pass
-
-
-def _cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | None = None) -> Dataset:
-    """The dataset from the cache file at `path`, else from build(), checked and then cached there.
-
-    A cache file that fails in any way (unreadable, wrong layout, checksum, labels) is rebuilt with a warning: the
-    source is still there, so nothing is lost but time. `source` names the data in check_dataset's messages.
-    """
-    shown = folder.printable(str(path))
-    if path.exists():
-        start = time.perf_counter()
-        try:
-            ds = _read_cache(path)
-        except _ChecksumMismatch:
-            warn(f"cache {shown} is corrupt (checksum mismatch); rebuilding it from the source")
-        # Broad on purpose: a truncated or foreign file can fail inside torch.load in many ways
-        # (RuntimeError, EOFError, UnpicklingError, zipfile errors ...); every one means "rebuild".
-        except Exception as e:  # noqa: BLE001
-            reason = folder.printable(" ".join(f"{type(e).__name__}: {e}".split()))[:160]
-            warn(f"cache {shown} is unreadable ({reason}); rebuilding it from the source")
-        else:
-            log(f"loaded {ds.name} from cache {shown} in {time.perf_counter() - start:.2f} s")
-            return ds
-    ds = build()
-    check_dataset(ds, source or ds.name)  # before writing: a cache never holds a dataset we would refuse
-    _write_cache(path, ds, log)
-    return ds
-
-
-_TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
-
-
-def _checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over a JSON header (format, name, classes, each tensor's dtype and shape), then each tensor's raw
-    bytes in _TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
-
-    torch.load does not check the zip members' CRC-32, so without this a flipped byte in a label loads silently.
-    Cost, measured on 60,000 x 3x32x32 images (184 MB, one AMD EPYC core with SHA-NI): 0.092 s per hash (2.0 GB/s),
-    paid once per write and once per cache hit, which it takes from 0.045 s (torch.load alone) to 0.14 s.
-    """
-    header = {"format": CACHE_FORMAT, "name": name, "classes": classes,
-              "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)] for k in _TENSORS]}
-    h = hashlib.sha256(json.dumps(header).encode())  # ensure_ascii: any str, surrogates included, encodes
-    for k in _TENSORS:
-        h.update(tensors[k].contiguous().numpy().reshape(-1).view(np.uint8))  # native byte order, as saved
-    return h.hexdigest()
-
-
-def _read_cache(path: Path) -> Dataset:
-    # weights_only=True: the file holds only tensors, strings and ints, so no pickle code can run.
-    d = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(d, dict) or d.get("format") != CACHE_FORMAT:
-        raise ValueError("not a speedrun cache file of this version")
-    tensors = {k: d[k] for k in _TENSORS}
-    name, classes, digest = d["name"], d["classes"], d["sha256"]
-    ok = (
-        all(isinstance(v, torch.Tensor) for v in tensors.values())
-        and isinstance(name, str) and isinstance(digest, str)
-        and isinstance(classes, list) and all(isinstance(c, str) for c in classes)
-    )
-    if not ok:
-        raise ValueError("entries have the wrong types")
-    if _checksum(name, classes, tensors) != digest:
-        raise _ChecksumMismatch("checksum mismatch")
-    # Dataset checks dtypes and shapes, check_dataset the labels' range: both raise ValueError, so rebuild.
-    ds = Dataset(name, *(tensors[k].contiguous() for k in _TENSORS), classes)
-    return check_dataset(ds, str(path))
-
-
-def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
-    """Write atomically (temp file in the same directory, then os.replace) and drop this source's old caches."""
-    shown = folder.printable(str(path))
-    payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes)}
-    payload.update({k: getattr(ds, k) for k in _TENSORS})
-    payload["sha256"] = _checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in _TENSORS})
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it private; a cache is as readable as its data
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        # A read-only or full cache dir costs speed next time, not correctness now.
-        warn(f"could not write cache {shown} ({e.strerror or e}); continuing without it, so the next run decodes "
-             "again")
-        return
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    log(f"cached {ds.name} at {shown}")
-    stem = path.name.rsplit("-", 1)[0]
-    for old in path.parent.glob(f"{stem}-*.pt"):
-        if old != path and old.name.rsplit("-", 1)[0] == stem:
-            try:
-                old.unlink()
-            except OSError:
-                pass  # another process may have removed it first

@@ -1,0 +1,175 @@
+"""Extracting tar archives from elsewhere: nothing escapes the target folder, nothing exceeds the limits.
+
+Each member is checked (path, link target, kind, size from its header against `limits.py`) before it is
+extracted, tarfile never makes a read larger than `_MAX_TAR_READ`, and the compressed stream is read to its end so
+that its checksum is verified. A refused archive leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from pathlib import Path
+
+from speedrun.data import limits
+
+# The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB).
+_MAX_TAR_READ = 1 << 20
+_DRAIN_CHUNK = 1 << 20
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _check_member(member: tarfile.TarInfo, root: str, tar_name: str) -> None:
+    """Refuse a member that would write outside `root` once extracted, or that is not plain data.
+
+    Paths are resolved with realpath against what is already on disk, so a symlink extracted earlier
+    (say `d/s -> ..`) cannot be used by a later member (`d/s/x`) to climb out: a purely lexical check
+    would miss that chain.
+    """
+    name = member.name
+    where = f"archive {tar_name} member {name!r}"
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        raise ValueError(f"{where} is a device, fifo or other special file; refusing to extract this archive")
+    if os.path.isabs(name) or name.startswith(("/", "\\")):
+        raise ValueError(f"{where} has an absolute path; refusing to extract this archive")
+    target = os.path.realpath(os.path.join(root, name))
+    if not _inside(target, root):
+        raise ValueError(f"{where} would be written outside {root}; refusing to extract this archive")
+    if member.issym():
+        link_base = os.path.dirname(os.path.join(root, name))
+        link_target = os.path.realpath(os.path.join(link_base, member.linkname))
+        if os.path.isabs(member.linkname) or not _inside(link_target, root):
+            raise ValueError(
+                f"{where} is a symlink to {member.linkname!r}, outside the target; refusing to extract this archive"
+            )
+    if member.islnk():
+        # Hard link names are relative to the archive root, not to the member's directory.
+        link_target = os.path.realpath(os.path.join(root, member.linkname))
+        if os.path.isabs(member.linkname) or not _inside(link_target, root):
+            raise ValueError(
+                f"{where} is a hard link to {member.linkname!r}, outside the target; refusing to extract this archive"
+            )
+
+
+class _Capped:
+    """The decompressed tar stream, refusing any single read above `cap` bytes.
+
+    tarfile reads a PAX or GNU long-name header's whole payload in one read() of the size the header claims,
+    before it hands us the member, so a 3 GB claim would be allocated inside tarfile. A real one is a few
+    hundred bytes; member data is copied in 16 KiB reads (tarfile.copyfileobj), header blocks are 512 bytes.
+    """
+
+    def __init__(self, f, cap: int, name: str):
+        self._f, self._cap, self.name = f, cap, name
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > self._cap:
+            raise ValueError(f"archive {self.name} has a header or read of {n} bytes, over {self._cap}; "
+                             f"it is not a plain tar archive, refusing to extract it")
+        return self._f.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
+def _open_decompressed(path: Path):
+    """The archive's bytes as tar sees them: gzip, bzip2 and xz by their magic numbers, else plain."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.open(path, "rb")
+    if magic.startswith(b"BZh"):
+        return bz2.open(path, "rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+def safe_extract(
+    tar_path: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    max_member_bytes: int = limits.MAX_CIFAR_MEMBER_BYTES,
+    max_total_bytes: int = limits.MAX_CIFAR_ARCHIVE_BYTES,
+    max_members: int = limits.MAX_ARCHIVE_MEMBERS,
+) -> Path:
+    """Extract a (possibly compressed) tar archive into `target_dir`, refusing anything that escapes it.
+
+    Each member is checked and then extracted one at a time (so the checks see earlier symlinks on disk).
+    The sizes each header claims are checked against the limits before that member is written (the defaults
+    are those of the largest archives we read, CIFAR's), and once the members end the compressed stream is
+    read to its end, at most `limits.MAX_ARCHIVE_TRAILER_BYTES` more: that is what makes gzip check its
+    CRC-32 (tarfile stops at the end-of-archive blocks) and refuses a bomb hidden after them. If this call
+    created `target_dir` and then refuses the archive, it removes `target_dir` again.
+    Python's own `filter="data"` is passed as a second line of defence where it exists (3.10.12+,
+    3.11.4+), but not relied on: its rules have changed between releases.
+    """
+    tar_path = Path(tar_path)
+    target = Path(target_dir)
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(target)
+    kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    fix = "delete it and download it again, or pass a good copy"
+    try:
+        with _open_decompressed(tar_path) as raw:
+            stream = _Capped(raw, _MAX_TAR_READ, tar_path.name)
+            # "r:" with our own decompressed stream: tarfile never reads more at once than _Capped allows.
+            with tarfile.open(fileobj=stream, mode="r:") as tf:
+                count = total = 0
+                for member in tf:
+                    count += 1
+                    if count > max_members:
+                        raise ValueError(f"archive {tar_path.name} has more than {max_members} members; {fix}")
+                    _check_member(member, root, tar_path.name)
+                    if member.isreg():
+                        where = f"archive {tar_path.name} member {member.name!r}"
+                        limits.check_size(member.size, max_member_bytes, where, fix)
+                        total += member.size
+                        limits.check_size(total, max_total_bytes, f"archive {tar_path.name} unpacked", fix)
+                        # Strip permission bits we do not want (setuid, group/other write) on older Pythons too.
+                        member.mode = stat.S_IMODE(member.mode) & 0o755 | 0o600
+                    elif member.islnk():
+                        member.mode = stat.S_IMODE(member.mode) & 0o755 | 0o600
+                    tf.extract(member, root, **kwargs)
+            # Drain what follows the end-of-archive blocks (padding to the 10,240-byte record): reading the
+            # compressed stream to its end is what makes gzip, bzip2 and xz verify their checksums.
+            left = limits.MAX_ARCHIVE_TRAILER_BYTES
+            while chunk := raw.read(min(_DRAIN_CHUNK, left + 1)):
+                left -= len(chunk)
+                if left < 0:
+                    raise ValueError(f"archive {tar_path.name} has more than {limits.MAX_ARCHIVE_TRAILER_BYTES} "
+                                     f"bytes after its end-of-archive marker; {fix}")
+    except BaseException as e:
+        if created:
+            shutil.rmtree(target, ignore_errors=True)  # nothing of a refused archive stays behind
+        _raise_one_line(e, tar_path)
+        raise
+    return target
+
+
+def _raise_one_line(e: BaseException, tar_path: Path) -> None:
+    """Re-raise an extraction failure as the one-line error the user sees; return for anything else."""
+    if isinstance(e, getattr(tarfile, "FilterError", ())):  # only if Python's filter is stricter than ours
+        raise ValueError(f"archive {tar_path.name} member {e.tarinfo.name!r} refused: {e}") from None
+    if isinstance(e, FileNotFoundError) and not tar_path.exists():
+        raise FileNotFoundError(f"archive {tar_path} does not exist; check the path") from None
+    # Data errors: a stream cut short (EOFError), damaged deflate/xz data, a CRC mismatch (gzip's BadGzipFile,
+    # bz2's "Invalid data stream": OSErrors without an errno, unlike a real I/O failure).
+    if isinstance(e, (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError)) or (
+            isinstance(e, OSError) and e.errno is None):
+        raise ValueError(f"{tar_path} is not a readable tar archive ({e}); delete it and download it again") from None
+    if isinstance(e, OSError):  # a full disk, a read-only target: the archive itself may be fine
+        raise ValueError(f"cannot extract {tar_path} ({e}); free space or fix permissions, then retry") from None
