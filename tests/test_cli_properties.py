@@ -69,7 +69,8 @@ def _parts(root: str) -> list[dict]:
         {"good": st.one_of(st.sampled_from(sorted(runs.RECIPES)).map(lambda r: [r]), st.just([])),
          "bad": st.text("abcxyz-0123456789", min_size=1, max_size=10).filter(
              lambda r: r not in runs.RECIPES and not r.startswith("-")).map(lambda r: [r])},
-        # Datasets (good ones: at least 16 px, which cifar10-96's 12-px cutout needs): small synthetic ones, named ones (no network here), junk, missing paths.
+        # Datasets: small synthetic ones with random options (good ones at least 16 px, which cifar10-96's 12-px
+        # cutout needs), named ones (there is no network here), junk and missing paths.
         {"good": st.one_of(st.just(SMALL), st.tuples(st.integers(2, 80), st.integers(1, 40), st.integers(16, 40),
                                                      st.integers(2, 12)).map(
             lambda t: f"synthetic:train={t[0]},test={t[1]},shape=3x{t[2]}x{t[2]},classes={t[3]}")),
@@ -150,7 +151,9 @@ def _checking_run(started: list):
     return run
 
 
-@settings(max_examples=int(os.environ.get("SPEEDRUN_HYPOTHESIS_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# SPEEDRUN_HYPOTHESIS_EXAMPLES=5000 for a longer search than CI's.
+@settings(max_examples=int(os.environ.get("SPEEDRUN_HYPOTHESIS_EXAMPLES", "300")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_input_either_runs_or_is_one_line_exit_2(data):
     with tempfile.TemporaryDirectory() as root, _patched(root) as started:

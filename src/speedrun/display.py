@@ -38,16 +38,50 @@ def _console(stream) -> Console:
 
 
 class Display:
+    """Lines shown before `release()` (downloading, extracting, decoding ...) are held back: a refused input then
+    costs exactly one line, the error, whatever was going on before it. On a terminal the latest held line shows
+    meanwhile as a transient status line, erased when it ends; `release()` prints the held lines for good once every
+    check has passed, and `close()` drops them."""
+
     def __init__(self, verbose: bool, summary: bool | None = None):
         """verbose: progress, tables and notes on stderr; summary: the final table on stdout (default: verbose)."""
         self.verbose = verbose
         self.show_summary = verbose if summary is None else summary
         self.err = _console(sys.stderr)
         self.out = _console(sys.stdout)
+        self._held: list[str] | None = []
+        self._status = None
 
     def line(self, text: str) -> None:
-        if self.verbose:
+        if not self.verbose:
+            return
+        if self._held is None:
             self.err.print(text, highlight=False, markup=False)
+            return
+        self._held.append(text)
+        if self.err.is_terminal:
+            if self._status is None:
+                self._status = self.err.status(text, spinner="line")
+                self._status.start()
+            else:
+                self._status.update(text)
+
+    def release(self) -> None:
+        """Every check has passed: print the held lines, and print lines at once from now on."""
+        held, self._held = self._held or [], None
+        self._stop_status()
+        for text in held:
+            self.line(text)
+
+    def close(self) -> None:
+        """End of the command: a status line still shown is erased, held lines are dropped."""
+        self._stop_status()
+        self._held = None
+
+    def _stop_status(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
     @contextlib.contextmanager
     def run(self, index: int, total: int, seed: int):

@@ -191,8 +191,8 @@ def _eval_note(cfg, data, steps: int) -> str | None:
 def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
           epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | None = None,
           image_size: int | None = None, json_path: str | Path | None = None, verbose: bool = False,
-          summary: bool | None = None, command: str | None = None, smoke: bool = False, overrides: dict[str, Any] | None = None,
-          **config_overrides: Any) -> Result:
+          summary: bool | None = None, command: str | None = None, smoke: bool = False,
+          overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `config_overrides` (or the dict `overrides`, which may hold any key, `epochs` included) are config fields,
@@ -218,8 +218,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     if json_path is not None:  # claimed now: an existing or unwritable path fails before any work
         json_path = default_result_path(rec.name, dataset) if json_path == "auto" else claim_result_path(json_path)
     written = False
+    show = display.Display(verbose, summary)
     try:
-        show = display.Display(verbose, summary)
         start = time.perf_counter()
         data = load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=show.line)
         data_seconds = time.perf_counter() - start
@@ -230,6 +230,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         for message in rec.check(cfg, data.image_shape, len(data.train_labels), len(data.test_labels),
                                  data.num_classes):
             warn(message)
+        show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
         env = environment(dev)
         show.line(f"device: {dev.type} ({env['device_name']})"
                   + (" -- chosen by --device auto" if device == "auto" else ""))
@@ -252,7 +253,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 written = True
 
         try:
-            result.warmup_seconds = rec.warmup(cfg, data, dev)
+            try:
+                result.warmup_seconds = rec.warmup(cfg, data, dev)
+            except Diverged as e:  # shuffled labels; compile and autotuning happened before the bad step
+                warn(f"the warm-up run {e}")
             if result.warmup_seconds:
                 show.line(f"warm-up run (untimed, shuffled labels): {result.warmup_seconds:.1f} s")
             for i in range(runs):
@@ -282,6 +286,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             show.line(f"result: {json_path}")
         return result
     finally:
+        show.close()
         if json_path is not None and not written:
             _release(Path(json_path))
 
