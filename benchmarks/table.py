@@ -30,11 +30,16 @@ def row(result: dict) -> str:
     env = result["environment"]
     acc, secs = result["accuracy"], result["train_seconds"]
     command = result.get("command") or "(not recorded)"
+    diverged = result.get("diverged_runs", 0)
+    if acc is None:  # every run diverged: there is nothing to average
+        return (f"| {env['timestamp_utc'][:10]} | {env['device_type']}: {device_label(env)} | `{command}` | 0 "
+                f"| all {diverged} run(s) diverged | n/a | n/a | n/a |")
     interval = (f"{100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f}" if acc["n"] > 1
                 else "n/a (n = 1)")  # one run has no interval
     return (f"| {env['timestamp_utc'][:10]} | {env['device_type']}: {device_label(env)} | `{command}` | {acc['n']} "
             f"| {mean_std_text(acc, 100)} | {interval} | {mean_std_text(secs, 1, 1)} "
-            f"| {round(result['hit_rate'] * acc['n'])}/{acc['n']} ≥ {100 * result['target_accuracy']:.0f}% |")
+            f"| {round(result['hit_rate'] * acc['n'])}/{acc['n']} ≥ {100 * result['target_accuracy']:.0f}%"
+            + (f"; {diverged} more diverged" if diverged else "") + " |")
 
 
 def _sibling(name: str):
@@ -49,6 +54,8 @@ def tables(paths: list[Path]) -> dict[str, str]:
     by_kind: dict[str, list[dict]] = {}
     for path in sorted(paths):
         result = load_result(path)
+        if result.get("smoke_test"):
+            raise ValueError(f"{path}: a smoke test (--smoke) checks the pipeline and is not a result; leave it out")
         kind = result.get("benchmark", TRAIN)
         if kind != TRAIN and kind not in BENCHMARKS:
             raise ValueError(f"{path}: unknown benchmark {kind!r}; this script renders {', '.join(BENCHMARKS)}")

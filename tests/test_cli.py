@@ -18,13 +18,13 @@ TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs
     (["train", "--runs", "two"], "--runs"),
     (["train", "no-such-recipe", *TINY], "unknown recipe 'no-such-recipe'"),
     (["train", *TINY, "--set", "lr=1"], "unknown config key 'lr'"),
-    (["train", *TINY, "--set", "batch_size=x"], "--set batch_size=x: expected int"),
+    (["train", *TINY, "--set", "batch_size=x"], "batch_size=x: expected int"),
     (["train", *TINY, "--set", "novalue"], "expected KEY=VALUE"),
     (["train", *TINY, "--runs", "0"], "runs (--runs) must be an integer in [1,"),
     (["train", *TINY, "--epochs", "-1"], "epochs (--epochs) must be a number in (0,"),
     (["train", "--dataset", "/nonexistent/data", "--device", "cpu"], "/nonexistent/data"),
     (["train", "--dataset", "synthetic:colour=red", "--device", "cpu"], "colour"),
-    (["train", *TINY[:2], "--device", "tpu"], "--device must be one of"),
+    (["train", *TINY[:2], "--device", "tpu"], "device (--device) must be one of"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, fragment, capsys, tmp_path):
     try:

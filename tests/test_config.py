@@ -19,7 +19,7 @@ def test_python_values_are_checked_too():
 
 @pytest.mark.parametrize("items,match", [
     (["batchsize=5"], "unknown config key 'batchsize'; valid keys: .*batch_size"),
-    (["batch_size=big"], r"--set batch_size=big: expected int"),
+    (["batch_size=big"], r"batch_size=big: expected int"),
     (["lookahead=maybe"], "expected a boolean"),
     (["flip=diagonal"], "expected one of none|random|alternating"),
     (["widths=a,b"], "comma-separated ints"),

@@ -78,3 +78,15 @@ def test_unknown_benchmark_kind_is_a_one_line_error(tmp_path, capsys):
     other.write_text('{"benchmark": "mystery", "environment": {"timestamp_utc": "2026-01-01"}}')
     assert table.main([str(other)]) == 2
     assert "unknown benchmark 'mystery'" in capsys.readouterr().err
+
+
+def test_smoke_tests_are_refused_and_diverged_runs_are_shown(tmp_path, capsys):
+    base = ["train", "--dataset", "synthetic:train=64,test=16", "--device", "cpu", "--set", "batch_size=32",
+            "--set", "widths=8,8,8", "--set", "whiten_images=32", "--quiet"]
+    smoke, diverged = tmp_path / "smoke.json", tmp_path / "diverged.json"
+    assert speedrun_main([*base, "--smoke", "--json", str(smoke)]) == 0
+    assert table.main([str(smoke)]) == 2
+    assert "is not a result" in capsys.readouterr().err
+    assert speedrun_main([*base, "--epochs", "1", "--set", "lr_per_1024=1e30", "--json", str(diverged)]) == 3
+    assert table.main([str(diverged)]) == 0
+    assert "| 0 | all 1 run(s) diverged | n/a | n/a | n/a |" in capsys.readouterr().out

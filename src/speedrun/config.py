@@ -28,14 +28,14 @@ def _describe(tp: Any) -> str:
 
 def parse_value(key: str, text: str, tp: Any) -> Any:
     """Parse the string `text` as a value of type `tp` for field `key`."""
-    bad = ValueError(f"--set {key}={text}: expected {_describe(tp)}")
+    bad = ValueError(f"{key}={text}: expected {_describe(tp)}")
     if tp is bool:
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"--set {key}={text}: expected a boolean (true/false)")
+        raise ValueError(f"{key}={text}: expected a boolean (true/false)")
     if tp is int:
         try:
             return int(text)
@@ -110,8 +110,8 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     changes = {}
     for key, value in overrides.items():
         if key not in types:
-            hint = f"{key} is not a config key: use {RUN_OPTIONS[key]}" if key in RUN_OPTIONS else \
-                f"unknown config key {key!r}"
+            hint = (f"{key} is not a config key: use {RUN_OPTIONS[key]} (the {key} argument in Python)"
+                    if key in RUN_OPTIONS else f"unknown config key {key!r}")
             raise ValueError(f"{hint}; valid keys: {', '.join(sorted(types))}")
         changes[key] = check_value(key, value, types[key])
     return dataclasses.replace(cfg, **changes)

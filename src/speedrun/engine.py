@@ -26,16 +26,16 @@ def _mps_available() -> bool:
 def resolve_device(name: str) -> torch.device:
     """"auto" picks CUDA, then Apple's MPS, then the CPU. An unavailable explicit choice is a ValueError."""
     if name not in DEVICES and not name.startswith("cuda:"):
-        raise ValueError(f"--device must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
+        raise ValueError(f"device (--device) must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps") if _mps_available() else torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available to this torch ({torch.__version__}); "
-                         "use --device cpu or --device auto")
+        raise ValueError(f"device {name}: CUDA is not available to this torch ({torch.__version__}); "
+                         "use device cpu or auto (--device cpu)")
     if name == "mps" and not _mps_available():
-        raise ValueError("--device mps: Apple MPS is not available here; use --device cpu or --device auto")
+        raise ValueError("device mps: Apple MPS is not available here; use device cpu or auto (--device cpu)")
     return torch.device(name)
 
 
