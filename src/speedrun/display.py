@@ -84,7 +84,7 @@ class Display:
             self._status = None
 
     @contextlib.contextmanager
-    def run(self, index: int, total: int, seed: int):
+    def run(self, index: int, total: int, seed: int, tta_level: int = 2):
         """Yields (on_step, on_epoch) callbacks for one run. The per-epoch table streams: each row is printed
         as its epoch ends, above the progress bar, so a long (CPU) run shows its learning curve as it goes."""
         if not self.verbose:
@@ -121,8 +121,8 @@ class Display:
                                    f"{time.perf_counter() - start:.1f} s", highlight=False)
 
             yield on_step, on_epoch
-        self.err.print("(last row: final test accuracy with TTA; timed s: the timed region so far)",
-                       highlight=False)
+        final = "with TTA level " + str(tta_level) if tta_level else "without TTA"
+        self.err.print(f"(last row: final test accuracy, {final}; timed s: the timed region so far)", highlight=False)
 
     def summary(self, result) -> None:
         if not self.show_summary or not result.runs:

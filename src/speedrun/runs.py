@@ -261,7 +261,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 show.line(f"warm-up run (untimed, shuffled labels): {result.warmup_seconds:.1f} s")
             for i in range(runs):
                 try:
-                    with show.run(i, runs, seed + i) as (on_step, on_epoch):
+                    with show.run(i, runs, seed + i, cfg.tta_level) as (on_step, on_epoch):
                         run = rec.run(cfg, data, dev, seed + i, on_step=on_step, on_epoch=on_epoch)
                 except Diverged as e:
                     warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
