@@ -100,6 +100,28 @@ def test_data_that_does_not_fit_the_net_is_one_line(dataset, extra, fragment, ca
     assert not no_run
 
 
+@pytest.mark.parametrize("extra, fragment", [
+    (["--set", "batch_size=65536"], "batch 65536"),  # activations alone: 51 GB at 32 px
+    (["--set", "widths=8192,8192,8192"], "(8192, 8192, 8192)"),  # 36 GB of weights, gradients and momentum
+])
+def test_nets_that_cannot_fit_in_memory_are_refused_before_building(extra, fragment, capsys, tmp_path, no_run,
+                                                                     monkeypatch):
+    from speedrun.data import limits
+
+    monkeypatch.setattr(limits, "_available_memory_bytes", lambda: 8 * 2**30)  # the same verdict on any machine
+    code = main(["train", "--dataset", "synthetic:train=64,test=16", "--device", "cpu", *extra,
+                 "--json", str(tmp_path / "r.json")])
+    err = _one_line_error(capsys, code, fragment)
+    assert "more than the 8.6 GB available" in err
+    assert not no_run
+
+
+def test_too_many_classes_are_refused(capsys, tmp_path, no_run):
+    code = main(["train", "--dataset", "synthetic:train=64,test=16,classes=100001", "--device", "cpu",
+                 "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "classes")
+
+
 def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("something\nbroke")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 
 import numpy as np
@@ -25,7 +26,7 @@ def _mps_available() -> bool:
 
 def resolve_device(name: str) -> torch.device:
     """"auto" picks CUDA, then Apple's MPS, then the CPU. An unavailable explicit choice is a ValueError."""
-    if name not in DEVICES and not name.startswith("cuda:"):
+    if name not in DEVICES and not re.fullmatch(r"cuda:\d{1,4}", name):
         raise ValueError(f"device (--device) must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
     if name == "auto":
         if torch.cuda.is_available():
@@ -34,6 +35,9 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name}: CUDA is not available to this torch ({torch.__version__}); "
                          "use device cpu or auto (--device cpu)")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered from "
+                         "0; use --device cuda or cuda:0")
     if name == "mps" and not _mps_available():
         raise ValueError("device mps: Apple MPS is not available here; use device cpu or auto (--device cpu)")
     return torch.device(name)

@@ -32,7 +32,7 @@ class Recipe:
     make_config: Callable[[], Any]
     run: Callable[..., cifar.RunResult]
     warmup: Callable[..., float]
-    check: Callable[..., list[str]]  # (cfg, image_shape, num_train, num_test, num_classes) -> warnings; raises
+    check: Callable[..., list[str]]  # (cfg, image_shape, num_train, num_test, num_classes, device) -> warnings
     default_dataset: str
     description: str
 
@@ -228,7 +228,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             cfg = _compress(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / len(data.train_labels)))
         steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
         for message in rec.check(cfg, data.image_shape, len(data.train_labels), len(data.test_labels),
-                                 data.num_classes):
+                                 data.num_classes, dev):
             warn(message)
         show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
         env = environment(dev)

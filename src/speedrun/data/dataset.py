@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speedrun.data import limits
 from speedrun.errors import printable
 
 
@@ -78,6 +79,9 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
     if ds.num_classes < 2:
         count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
         raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
+    if ds.num_classes > limits.MAX_CLASSES:
+        raise ValueError(f"{what} has {ds.num_classes} classes, over the limit of {limits.MAX_CLASSES}; check its "
+                         "class list (a damaged meta file?)")
     channels = ds.image_shape[0]
     if channels not in (1, 3):
         raise ValueError(f"{what} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")

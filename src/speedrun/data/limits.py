@@ -35,6 +35,10 @@ MAX_IMAGE_SIDE_PX = 1024
 # own warning starts at 89 Mpx). Its header is checked before any pixel is decoded.
 MAX_SOURCE_PIXELS = 48_000_000
 
+# Classes of one dataset: ImageNet-21k has 21,841. A class count comes from files (CIFAR's meta, folder names) and
+# sizes the network's head and every one-hot target, so it is bounded like any other claim.
+MAX_CLASSES = 100_000
+
 MAX_IDX_DIMS = 4  # MNIST-family files have 1 (labels) or 3 (images) dimensions
 _DEFAULT_MAX_DATASET_BYTES = 16 * 2**30  # 16 GiB of uint8 pixels: ImageNet-64x64 is 15 GB; larger is not in-memory data
 
@@ -87,6 +91,15 @@ def check_dataset_bytes(nbytes: int, what: str) -> None:
     if nbytes > limit:
         raise ValueError(f"{what} would take {_size_text(nbytes)} of memory as decoded images, over the limit of "
                          f"{_size_text(limit)}; use fewer or smaller images, or raise SPEEDRUN_MAX_DATA_BYTES")
+
+
+def check_memory(nbytes: int, what: str, fix: str) -> None:
+    """Refuse, before allocating, `nbytes` that cannot fit in the memory available now (e.g. a network a typo made
+    huge): on Linux an allocation that does not fit ends in the kernel's OOM killer, with no message at all."""
+    available = _available_memory_bytes()
+    if available is not None and nbytes > available:
+        raise ValueError(f"{what} would take {_size_text(nbytes)} of memory, more than the {_size_text(available)} "
+                         f"available; {fix}")
 
 
 def check_size(nbytes: int, limit: int, what: str, fix: str) -> None:

@@ -19,7 +19,7 @@ _MINIMUM = {"train": 1, "test": 1, "classes": 2, "seed": 0}
 _MAX_CHANNELS = 4
 # Largest values: ImageNet-21k has 21,841 classes (the class names are a list of that many strings); numpy
 # seeds are unbounded, but a seed beyond 64 bits is a typo.
-_MAXIMUM = {"classes": 100_000, "seed": 2**64 - 1}
+_MAXIMUM = {"classes": limits.MAX_CLASSES, "seed": 2**64 - 1}
 
 
 def _int(key: str, text: str, minimum: int, maximum: int | None = None) -> int:

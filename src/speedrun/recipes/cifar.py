@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 
+from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
 from speedrun.engine import FiniteLossGuard, Timer, evaluate, seed_everything, synchronize
@@ -157,8 +158,31 @@ def output_side(side_px: int, cfg: CifarConfig) -> int:
     return side
 
 
+def memory_lower_bound(cfg: CifarConfig, image_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int]:
+    """(parameter bytes, activation bytes): less than one training step of this net certainly needs, in fp32.
+
+    Parameters count three times (weights, gradients, momentum); activations once per conv output kept for the
+    backward pass, at the resolution it is computed (B, c_out, side, side). Real use is higher: this is only for
+    refusing settings that cannot fit, never for refusing ones that might.
+    """
+    c, h, w = image_shape
+    k = cfg.whiten_kernel_px
+    whiten = 2 * c * k * k
+    params = whiten * c * k * k + whiten + cfg.widths[-1] * num_classes
+    side = (h - k + 1) * (w - k + 1)
+    acts = whiten * side
+    c_in = whiten
+    for c_out in cfg.widths:
+        params += 9 * c_in * c_out + 9 * c_out * c_out * (cfg.convs_per_group - 1) + 2 * c_out * cfg.convs_per_group
+        acts += c_out * side  # the first conv, before its 2x2 pool
+        side //= 4
+        acts += c_out * side * (cfg.convs_per_group - 1)
+        c_in = c_out
+    return 4 * 3 * params, 4 * cfg.batch_size * acts
+
+
 def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
-               num_classes: int) -> list[str]:
+               num_classes: int, device: torch.device | None = None) -> list[str]:
     """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
 
     Called before any step, so that no run starts that would fail or mean nothing later.
@@ -176,6 +200,13 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
                             ("cutmix_px", cfg.cutmix_px, side)):
         if px > limit:
             raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
+    param_bytes, act_bytes = memory_lower_bound(cfg, image_shape, num_classes)
+    fix = "lower batch_size or widths (--set batch_size=... / --set widths=...)"
+    # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
+    # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
+    on_host = device is None or device.type == "cpu"
+    limits.check_memory(param_bytes + (act_bytes if on_host else 0),
+                        f"training this net ({cfg.widths}, batch {cfg.batch_size}, {h}x{w} images)", fix)
     notes = []
     if cfg.batch_size > num_train:
         notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
