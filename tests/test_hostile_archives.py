@@ -459,6 +459,17 @@ def test_fetch_leaves_an_existing_file_alone_when_it_loses_the_race(tmp_path, mo
     assert dest.read_bytes() == b"someone else's file" and os.listdir(dest.parent) == ["archive.tar.gz"]
 
 
+def test_a_download_longer_than_the_limit_is_cut_off(tmp_path):
+    """A server that sends more than the file can hold (without end, say) is refused as the bytes arrive."""
+    src = tmp_path / "endless.tar.gz"
+    src.write_bytes(bytes(3 * MiB))  # stands for an endless stream: 3 MiB against a 1 MiB limit
+    dest = tmp_path / "dl" / "cifar-10-python.tar.gz"
+    with pytest.raises(ValueError) as err:
+        fetch(src.as_uri(), dest, "0" * 32, max_bytes=MiB)
+    _one_line(str(err.value), "sent more than 1048576 bytes", "data_dir (--data-dir)")
+    assert os.listdir(dest.parent) == []  # no part file, no lock file, no dest
+
+
 # ---- 7. synthetic: refused before allocating -------------------------------------------------------------------------
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from speedrun.data import limits
+
 
 try:
     import fcntl  # POSIX advisory locks for concurrent downloads; absent on Windows
@@ -120,6 +122,7 @@ def fetch(
     log: Callable[[str], None] | None = None,
     *,
     timeout: float = 60.0,
+    max_bytes: int = limits.MAX_DOWNLOAD_BYTES,
 ) -> Path:
     """Make `dest` a verified copy of `url`, downloading only if it is not already there.
 
@@ -129,7 +132,8 @@ def fetch(
     something at `dest` that looks finished, and two writers never share a file. An advisory lock makes a
     second process wait and reuse the first one's file instead of downloading it again. An existing `dest` is
     never deleted or overwritten: with the right MD5 it is reused, with the wrong one this raises and the user
-    decides.
+    decides. A response longer than `max_bytes` is cut off and refused as it arrives (the MD5 is known only at
+    the end), so a server sending without end cannot fill the disk.
     """
     log = log or _no_log
     dest = Path(dest)
@@ -153,7 +157,7 @@ def fetch(
                 if hasattr(os, "fchmod"):  # mkstemp makes it private; a download is as readable as its folder
                     os.fchmod(out.fileno(), 0o644)
                 start = time.perf_counter()
-                received = _download(url, out, md5, dest, offline_fix, timeout, log)
+                received = _download(url, out, md5, dest, offline_fix, timeout, max_bytes, log)
             if _publish(part, dest):
                 log(f"downloaded {dest.name}: {received / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s, "
                     f"md5 ok")
@@ -169,7 +173,7 @@ def fetch(
             part.unlink(missing_ok=True)
 
 
-def _download(url: str, out, md5: str, dest: Path, offline_fix: str, timeout: float,
+def _download(url: str, out, md5: str, dest: Path, offline_fix: str, timeout: float, max_bytes: int,
               log: Callable[[str], None]) -> int:
     """Stream `url` into `out`, check the MD5, and return the byte count."""
     h = hashlib.md5(usedforsecurity=False)
@@ -202,6 +206,9 @@ def _download(url: str, out, md5: str, dest: Path, offline_fix: str, timeout: fl
             h.update(chunk)
             out.write(chunk)
             received += len(chunk)
+            if received > max_bytes:
+                raise ValueError(f"{url} sent more than {max_bytes} bytes, more than {dest.name} holds; the server "
+                                 f"is not sending the published file: {offline_fix}")
     actual = h.hexdigest()
     if actual != md5:
         size_note = f", got {received} of {expected_len} bytes" if expected_len not in (None, received) else ""

@@ -23,6 +23,9 @@ import os
 MAX_CIFAR_MEMBER_BYTES = 192 * 2**20
 # The official archives extract to 186 MB (CIFAR-10: 6 x 31 MB) and 178 MB (CIFAR-100).
 MAX_CIFAR_ARCHIVE_BYTES = 256 * 2**20
+# A download is checked against its published MD5 only at its end, so its size is bounded as it arrives: the
+# largest file we fetch is cifar-10-python.tar.gz, 170,498,071 bytes.
+MAX_DOWNLOAD_BYTES = 256 * 2**20
 MAX_ARCHIVE_MEMBERS = 64  # official: 9 entries (CIFAR-10, with its folder) and 6 (CIFAR-100)
 # A tar ends with two zero blocks and is padded to its 10,240-byte record; gzip may follow with nothing. More than
 # this after the end of the archive is not an archive we wrote or downloaded.
