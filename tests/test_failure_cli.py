@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -249,15 +250,23 @@ def test_nan_loss_stops_the_run_within_one_step(tmp_path, monkeypatch, capsys):
 
 
 def test_a_real_divergence_is_caught_and_other_seeds_go_on(tmp_path, capsys):
-    """lr_per_1024=1e30 blows the weights up; every run is recorded as diverged, with the step and the lr."""
+    """fp16 logits scaled by 1e4 overflow (fp16 ends at 65504); every run is recorded as diverged, with its step."""
     out = tmp_path / "r.json"
-    code = main(["train", *TINY, "--runs", "2", "--set", "lr_per_1024=1e30", "--json", str(out), "--quiet"])
+    code = main(["train", *TINY, "--runs", "2", "--set", "precision=fp16", "--set", "logit_scale=10000",
+                 "--json", str(out), "--quiet"])
     assert code == 3
     result = _strict(out.read_text())
     assert result["diverged_runs"] == 2 and [r["seed"] for r in result["runs"]] == [0, 1]
     for run in result["runs"]:
-        assert run["diverged"]["lr"] > 1e28 and run["diverged"]["step"] <= run["diverged"]["total_steps"]
+        assert 0 < run["diverged"]["lr"] <= 11.5 and 1 <= run["diverged"]["step"] <= run["diverged"]["total_steps"]
+        assert run["diverged"]["loss"] in ("nan", "inf")
     assert capsys.readouterr().err.count("speedrun: warning: run ") == 2
+
+
+def test_float_settings_beyond_float32_are_refused(capsys, tmp_path, no_run):
+    """lr_per_1024=1e308 is finite in Python but not in the float32 step: refused before any run."""
+    code = main(["train", *TINY, "--set", "lr_per_1024=1e308", "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "lr_per_1024=1e+308 is outside [-10000, 10000]")
 
 
 def test_finite_loss_check_off_is_a_no_op(tiny):
@@ -329,3 +338,29 @@ def test_short_runs_say_that_evaluation_dominates(capsys, tmp_path):
     assert main(["train", "--dataset", "synthetic:train=256,test=2000", "--device", "cpu", "--epochs", "0.1",
                  "--set", "widths=8,8,8", "--set", "batch_size=64", "--json", str(tmp_path / "r.json")]) == 0
     assert "is more work than the training itself" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, fragment", [("a\x00b.json", "embedded null byte"), ("", "is a directory")])
+def test_odd_result_names_are_one_line(name, fragment, capsys, tmp_path, no_run):
+    code = main(["train", *TINY, "--json", str(tmp_path / name) if name else str(tmp_path)])
+    _one_line_error(capsys, code, fragment)
+
+
+def test_a_class_folder_without_training_images_is_refused(capsys, tmp_path, no_run):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp_path / "pics" / split / cls).mkdir(parents=True)
+            if (split, cls) != ("train", "b"):
+                Image.new("RGB", (16, 16)).save(tmp_path / "pics" / split / cls / "1.png")
+    (tmp_path / "pics" / "train" / "b" / "notes").mkdir()  # a folder, no image: class b would never be trained
+    code = main(["train", "--dataset", str(tmp_path / "pics"), "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "class folder(s) b hold no .jpg/.jpeg/.png images")
+
+
+def test_a_data_dir_that_is_neither_folder_nor_file(capsys, tmp_path, no_run):
+    os.symlink("loop", tmp_path / "loop")
+    code = main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "loop"), "--device", "cpu",
+                 "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "is neither a folder nor an archive file")

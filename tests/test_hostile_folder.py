@@ -400,6 +400,27 @@ def test_flipped_label_byte_in_the_cache_is_detected_and_rebuilt(tmp_path):
     assert "from cache" in lines[0]
 
 
+@pytest.mark.parametrize("kind", ["fifo", "too-large"])
+def test_a_cache_that_is_a_fifo_or_too_large_is_rebuilt_not_read(tmp_path, monkeypatch, kind):
+    root = _folder(tmp_path / "pics")
+    first = load_dataset(str(root), cache_dir=tmp_path / "cache")
+    (path,) = (tmp_path / "cache" / "cache").glob("*.pt")
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it to read would block forever
+    else:
+        with open(path, "wb") as f:  # sparse: 2 GB on paper, over the 1 MB dataset limit set below
+            f.truncate(2 * 10**9)
+        monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", str(10**6))
+    signal.alarm(30)  # a hang fails the test instead of the whole suite
+    try:
+        with pytest.warns(SpeedrunWarning, match=r"is unreadable .*rebuilding it"):
+            again = load_dataset(str(root), cache_dir=tmp_path / "cache")
+    finally:
+        signal.alarm(0)
+    assert torch.equal(again.train_images, first.train_images) and path.is_file() and path.stat().st_size < 10**6
+
+
 def test_cache_with_valid_checksum_but_bad_labels_is_rebuilt(tmp_path):
     root = _folder(tmp_path / "pics")
     first = load_dataset(str(root), cache_dir=tmp_path / "cache")

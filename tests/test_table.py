@@ -87,6 +87,7 @@ def test_smoke_tests_are_refused_and_diverged_runs_are_shown(tmp_path, capsys):
     assert speedrun_main([*base, "--smoke", "--json", str(smoke)]) == 0
     assert table.main([str(smoke)]) == 2
     assert "is not a result" in capsys.readouterr().err
-    assert speedrun_main([*base, "--epochs", "1", "--set", "lr_per_1024=1e30", "--json", str(diverged)]) == 3
+    assert speedrun_main([*base, "--epochs", "1", "--set", "precision=fp16", "--set", "logit_scale=10000",
+                          "--json", str(diverged)]) == 3
     assert table.main([str(diverged)]) == 0
     assert "| 0 | all 1 run(s) diverged | n/a | n/a | n/a |" in capsys.readouterr().out

@@ -99,7 +99,8 @@ class Diverged(RuntimeError):
     def __init__(self, step: int, total_steps: int, loss: float, lr: float, lr_name: str):
         self.step, self.total_steps, self.loss, self.lr = step, total_steps, loss, lr
         super().__init__(f"diverged: the training loss became {loss} at step {step} of {total_steps} "
-                         f"({lr_name} {lr:.4g} at that step); lower {lr_name} (--set {lr_name}=...) or check the data")
+                         f"({lr_name} {lr:.4g} at that step); lower {lr_name} (--set {lr_name}=...), train in fp32 "
+                         "(--set precision=fp32) or check the data")
 
     def to_dict(self) -> dict:
         # Strings, not bare NaN: strict JSON has no NaN or Infinity.

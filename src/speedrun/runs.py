@@ -295,15 +295,20 @@ def claim_result_path(path: str | Path) -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
     path = Path(path)
     try:
-        if path.is_dir():
-            raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
+        is_dir = path.is_dir()
+    except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which
+        is_dir = False
+    if is_dir:
+        raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
                          "(json_path / --json) or move the old file away") from None
-    except OSError as e:
-        raise ValueError(f"cannot create the result file {path} ({e.strerror}); choose a writable path "
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise ValueError(f"cannot create the result file {path!r} ({reason}); choose a writable path "
                          "(json_path / --json)") from None
     return path
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from speedrun.data import limits
 from speedrun.data.dataset import Dataset, check_dataset
 from speedrun.errors import printable, warn
 
@@ -97,6 +99,13 @@ def _checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -
 
 
 def _read_cache(path: Path) -> Dataset:
+    # A cache is a file from disk like any other: a FIFO at its path would block the read forever, and no cache
+    # can be larger than the dataset limit it was checked against when written (plus its small header).
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    limits.check_size(st.st_size, limits.max_dataset_bytes() + 2**20, f"cache {printable(str(path))}",
+                      "it is rebuilt from the source")
     # weights_only=True: the file holds only tensors, strings and ints, so no pickle code can run.
     d = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(d, dict) or d.get("format") != CACHE_FORMAT:

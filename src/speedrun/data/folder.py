@@ -129,6 +129,12 @@ def list_images(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
                     files.append(_image_file(e, f"{name}/{e.name}", label))
         if not files:
             raise ValueError(f"{printable(str(root / split))} has no .jpg/.jpeg/.png images in its class folders")
+        if split == "train":  # a class never seen in training is a mistake in the layout, not a class
+            empty = sorted(set(range(len(classes))) - {f.label for f in files})
+            if empty:
+                names = ", ".join(printable(classes[i]) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+                raise ValueError(f"{printable(str(root / 'train'))}: class folder(s) {names} hold no .jpg/.jpeg/.png "
+                                 "images; add training images or remove the folder from train/ and test/")
         splits[split] = files
     return [printable(c) for c in classes], splits
 

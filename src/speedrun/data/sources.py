@@ -128,7 +128,10 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
             found = _Found("archive", root, (root,))
             return _load_found(found, cache_root, log, name=name, classes=remote.classes)
         if not root.is_dir():
-            raise FileNotFoundError(f"data dir {root} does not exist; create it or fix --data-dir")
+            if os.path.lexists(root):  # a symlink loop, a device, a FIFO ...
+                raise ValueError(f"data dir {root} is neither a folder nor an archive file; pass data_dir "
+                                 "(--data-dir) as the folder or the archive")
+            raise FileNotFoundError(f"data dir {root} does not exist; create it or fix data_dir (--data-dir)")
         found = _find_local(name, remote, root)
         if found is not None:
             return _load_found(found, cache_root, log, name=name, classes=remote.classes)

@@ -112,6 +112,11 @@ class CifarConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"bad config: {f.name}={value} must be a finite number")
+            # Every float setting multiplies others (lr x bias_lr_mult x schedule ...) into scalars that torch casts
+            # to float32: 1e308 is finite here but not there, and fails mid-step. No sensible value is this large.
+            if isinstance(value, float) and abs(value) > MAX_FLOAT_SETTING:
+                raise ValueError(f"bad config: {f.name}={value:g} is outside [-{MAX_FLOAT_SETTING:g}, "
+                                 f"{MAX_FLOAT_SETTING:g}]")
         nonneg = ("lr_per_1024", "weight_decay_per_1024", "bias_lr_mult", "lr_start_mult", "lr_end_mult",
                   "muon_lr", "muon_bias_lr", "muon_head_lr", "muon_weight_decay_per_example", "whiten_bias_epochs",
                   "translate_px", "cutout_px", "cutmix_px")
@@ -145,6 +150,7 @@ class CifarConfig:
 # Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
 # the machine away before the first step.
 MAX_BATCH = 1 << 16
+MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
 MAX_EPOCHS = 10_000.0
 MAX_GROUPS = 8
 MAX_WIDTH = 8192
