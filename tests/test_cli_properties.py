@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from speedrun import runs
 from speedrun.cli import main
+from speedrun.models.cifar_net import output_side
 from speedrun.recipes import cifar
 
 FIELDS = {f.name: f for f in dataclasses.fields(cifar.CifarConfig)}
@@ -142,7 +143,7 @@ def _checking_run(started: list):
             assert not (isinstance(value, float) and not math.isfinite(value)), (f.name, value)
         cfg.validate()
         c, h, w = data.image_shape
-        assert cifar.output_side(min(h, w), cfg) >= 1
+        assert output_side(min(h, w), cfg.widths, cfg.whiten_kernel_px) >= 1
         assert len(data.train_labels) >= 1 and len(data.test_labels) >= 1 and data.num_classes >= 2
         assert int(data.train_labels.max()) < data.num_classes and int(data.train_labels.min()) >= 0
         assert cfg.translate_px < min(h, w)

@@ -77,3 +77,35 @@ class CifarNet(nn.Module):
         x = self.groups(self.act(self.whiten(x)))  # (B, widths[-1], 3, 3) for 32x32 input
         x = torch.amax(x, dim=(2, 3))  # global max pool; airbench's MaxPool2d(3) on its 3x3 map
         return self.head(x) * self.logit_scale
+
+
+def output_side(side_px: int, widths: tuple[int, ...], whiten_kernel_px: int) -> int:
+    """The spatial side after the whitening conv (no padding) and one 2x2 max pool per group (floor)."""
+    side = side_px - whiten_kernel_px + 1
+    for _ in widths:
+        side //= 2
+    return side
+
+
+def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widths: tuple[int, ...],
+                       convs_per_group: int, whiten_kernel_px: int, batch_size: int) -> tuple[int, int]:
+    """(parameter bytes, activation bytes): less than one fp32 training step of this net certainly needs.
+
+    Parameters count three times (weights, gradients, momentum); activations once per conv output kept for the
+    backward pass, at the resolution it is computed, (B, c_out, H, W). Real use is higher: this is for refusing
+    settings that cannot fit, never ones that might.
+    """
+    c, h, w = image_shape
+    k = whiten_kernel_px
+    whiten = 2 * c * k * k
+    params = whiten * c * k * k + whiten + widths[-1] * num_classes
+    pixels = (h - k + 1) * (w - k + 1)
+    acts = whiten * pixels
+    c_in = whiten
+    for c_out in widths:
+        params += 9 * c_in * c_out + 9 * c_out * c_out * (convs_per_group - 1) + 2 * c_out * convs_per_group
+        acts += c_out * pixels  # the first conv, before its 2x2 pool
+        pixels //= 4
+        acts += c_out * pixels * (convs_per_group - 1)
+        c_in = c_out
+    return 4 * 3 * params, 4 * batch_size * acts

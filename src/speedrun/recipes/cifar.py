@@ -37,6 +37,7 @@ from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
 from speedrun.engine import FiniteLossGuard, Timer, evaluate, seed_everything, synchronize
 from speedrun.models import CifarNet
+from speedrun.models.cifar_net import memory_lower_bound, output_side
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
@@ -156,37 +157,6 @@ MAX_GROUPS = 8
 MAX_WIDTH = 8192
 
 
-def output_side(side_px: int, cfg: CifarConfig) -> int:
-    """The spatial side after the whitening conv (no padding) and one 2x2 max pool per group (floor)."""
-    side = side_px - cfg.whiten_kernel_px + 1
-    for _ in cfg.widths:
-        side //= 2
-    return side
-
-
-def memory_lower_bound(cfg: CifarConfig, image_shape: tuple[int, int, int], num_classes: int) -> tuple[int, int]:
-    """(parameter bytes, activation bytes): less than one training step of this net certainly needs, in fp32.
-
-    Parameters count three times (weights, gradients, momentum); activations once per conv output kept for the
-    backward pass, at the resolution it is computed (B, c_out, side, side). Real use is higher: this is only for
-    refusing settings that cannot fit, never for refusing ones that might.
-    """
-    c, h, w = image_shape
-    k = cfg.whiten_kernel_px
-    whiten = 2 * c * k * k
-    params = whiten * c * k * k + whiten + cfg.widths[-1] * num_classes
-    side = (h - k + 1) * (w - k + 1)
-    acts = whiten * side
-    c_in = whiten
-    for c_out in cfg.widths:
-        params += 9 * c_in * c_out + 9 * c_out * c_out * (cfg.convs_per_group - 1) + 2 * c_out * cfg.convs_per_group
-        acts += c_out * side  # the first conv, before its 2x2 pool
-        side //= 4
-        acts += c_out * side * (cfg.convs_per_group - 1)
-        c_in = c_out
-    return 4 * 3 * params, 4 * cfg.batch_size * acts
-
-
 def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
                num_classes: int, device: torch.device | None = None) -> list[str]:
     """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
@@ -195,9 +165,9 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
     """
     c, h, w = image_shape
     side = min(h, w)
-    if output_side(side, cfg) < 1:
-        fits = [n for n in range(1, len(cfg.widths) + 1) if output_side(side, dataclasses.replace(
-            cfg, widths=cfg.widths[:n])) >= 1]
+    if output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
+        fits = [n for n in range(1, len(cfg.widths) + 1)
+                if output_side(side, cfg.widths[:n], cfg.whiten_kernel_px) >= 1]
         raise ValueError(
             f"{h}x{w} images are too small for {len(cfg.widths)} groups: the whitening conv ({cfg.whiten_kernel_px} "
             f"px) and {len(cfg.widths)} 2x2 pools leave nothing; use at most {max(fits, default=0)} widths "
@@ -206,7 +176,8 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
                             ("cutmix_px", cfg.cutmix_px, side)):
         if px > limit:
             raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
-    param_bytes, act_bytes = memory_lower_bound(cfg, image_shape, num_classes)
+    param_bytes, act_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths, cfg.convs_per_group,
+                                                cfg.whiten_kernel_px, cfg.batch_size)
     fix = "lower batch_size or widths (--set batch_size=... / --set widths=...)"
     # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
     # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
