@@ -143,17 +143,22 @@ def _tar(path, members):
     return path
 
 
-def test_safe_extract_extracts_plain_archives_and_inside_links(tmp_path):
-    archive = _tar(tmp_path / "ok.tar.gz", [
-        ("top", "dir", None),
-        ("top/a.bin", "file", b"abc"),
-        ("top/link", "sym", "a.bin"),
-        ("top/hard", "hard", "top/a.bin"),
-    ])
+def test_safe_extract_extracts_plain_archives(tmp_path):
+    archive = _tar(tmp_path / "ok.tar.gz", [("top", "dir", None), ("top/a.bin", "file", b"abc"),
+                                            ("top/sub", "dir", None), ("top/sub/b.bin", "file", b"de")])
     out = safe_extract(archive, tmp_path / "out")
-    assert (out / "top" / "a.bin").read_bytes() == b"abc"
-    assert (out / "top" / "link").read_bytes() == b"abc" and (out / "top" / "link").is_symlink()
-    assert (out / "top" / "hard").read_bytes() == b"abc"
+    assert (out / "top" / "a.bin").read_bytes() == b"abc" and (out / "top" / "sub" / "b.bin").read_bytes() == b"de"
+
+
+@pytest.mark.parametrize("kind, target", [("sym", "a.bin"), ("hard", "top/a.bin")])
+def test_safe_extract_refuses_links_even_inside(tmp_path, kind, target):
+    """No archive we read holds links, and links get around the size limits (a hard link repeats a member
+    without counting against them) and the path checks (see the two-step escape below)."""
+    archive = _tar(tmp_path / "links.tar.gz", [("top", "dir", None), ("top/a.bin", "file", b"abc"),
+                                               ("top/link", kind, target)])
+    with pytest.raises(ValueError, match=r"member 'top/link' is a link to"):
+        safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # what safe_extract created, it removed
 
 
 @pytest.mark.parametrize(
@@ -165,10 +170,14 @@ def test_safe_extract_extracts_plain_archives_and_inside_links(tmp_path):
         ([("abs", "sym", "/etc")], "abs"),
         ([("hl", "hard", "../outside")], "hl"),
         # Lexically d/s/../evil is d/evil (inside); on disk d/s is the target root, so it lands one level up.
-        ([("d", "dir", None), ("d/s", "sym", ".."), ("d/s/../evil", "file", b"x")], "d/s/../evil"),
+        ([("d", "dir", None), ("d/s", "sym", ".."), ("d/s/../evil", "file", b"x")], "d/s"),
+        # Checked while d/p does not exist, l looks inside; then d/p becomes a link to the root, and l reads
+        # whatever file lies two levels above it.
+        ([("d", "dir", None), ("l", "sym", "d/p/../../../secret"), ("d/p", "sym", "..")], "l"),
         ([("dev", "chr", None)], "dev"),
     ],
-    ids=["dotdot", "absolute", "symlink-out", "symlink-absolute", "hardlink-out", "symlink-chain", "device"],
+    ids=["dotdot", "absolute", "symlink-out", "symlink-absolute", "hardlink-out", "symlink-chain",
+         "symlink-made-later", "device"],
 )
 @pytest.mark.parametrize("python_filter", [True, False], ids=["with-tarfile-filter", "own-checks-only"])
 def test_safe_extract_refuses_escapes(tmp_path, monkeypatch, members, bad, python_filter):

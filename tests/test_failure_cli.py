@@ -101,17 +101,18 @@ def test_data_that_does_not_fit_the_net_is_one_line(dataset, extra, fragment, ca
     assert not no_run
 
 
-@pytest.mark.parametrize("extra, fragment", [
-    (["--set", "batch_size=65536"], "batch 65536"),  # activations alone: 51 GB at 32 px
-    (["--set", "widths=8192,8192,8192"], "(8192, 8192, 8192)"),  # 36 GB of weights, gradients and momentum
+@pytest.mark.parametrize("dataset, extra, fragment", [
+    ("synthetic:train=64,test=16", ["--set", "batch_size=65536"], "batch 65536"),  # activations alone: 51 GB
+    ("synthetic:train=64,test=16", ["--set", "widths=8192,8192,8192"], "(8192, 8192, 8192)"),  # 36 GB of weights
+    # Scoring 2,000 test images of 128 px in one batch: 11 GB, while training at batch 8 is small.
+    ("synthetic:train=64,test=2000,shape=3x128x128", ["--set", "batch_size=8"], "eval batch 2000"),
 ])
-def test_nets_that_cannot_fit_in_memory_are_refused_before_building(extra, fragment, capsys, tmp_path, no_run,
-                                                                     monkeypatch):
+def test_nets_that_cannot_fit_in_memory_are_refused_before_building(dataset, extra, fragment, capsys, tmp_path,
+                                                                     no_run, monkeypatch):
     from speedrun.data import limits
 
     monkeypatch.setattr(limits, "_available_memory_bytes", lambda: 8 * 2**30)  # the same verdict on any machine
-    code = main(["train", "--dataset", "synthetic:train=64,test=16", "--device", "cpu", *extra,
-                 "--json", str(tmp_path / "r.json")])
+    code = main(["train", "--dataset", dataset, "--device", "cpu", *extra, "--json", str(tmp_path / "r.json")])
     err = _one_line_error(capsys, code, fragment)
     assert "more than the 8.6 GB available" in err
     assert not no_run
@@ -121,6 +122,30 @@ def test_too_many_classes_are_refused(capsys, tmp_path, no_run):
     code = main(["train", "--dataset", "synthetic:train=64,test=16,classes=100001", "--device", "cpu",
                  "--json", str(tmp_path / "r.json")])
     _one_line_error(capsys, code, "classes")
+
+
+def test_the_cpu_allocators_error_is_out_of_memory_not_a_bug(monkeypatch, capsys, tmp_path):
+    def cannot_allocate(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 2130739200 bytes")
+
+    rec = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=cannot_allocate))
+    code = main(["train", *TINY, "--json", str(tmp_path / "r.json"), "--quiet"])
+    _one_line_error(capsys, code, "out of memory (")
+
+
+def test_an_interrupt_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
+    """Ctrl-C while torch and the data are imported (before any handler of the run) is exit 130, one line."""
+    from speedrun import cli
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_train", interrupted)
+    assert main(["train", *TINY]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("speedrun: interrupted")
 
 
 def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
@@ -364,3 +389,20 @@ def test_a_data_dir_that_is_neither_folder_nor_file(capsys, tmp_path, no_run):
     code = main(["train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "loop"), "--device", "cpu",
                  "--json", str(tmp_path / "r.json")])
     _one_line_error(capsys, code, "is neither a folder nor an archive file")
+
+
+def test_the_data_limit_holds_for_every_source(capsys, tmp_path, monkeypatch, no_run):
+    """SPEEDRUN_MAX_DATA_BYTES bounds CIFAR batches (by their files' sizes, before reading) and the sum of IDX files
+    that are each under it, as it bounds synthetic data."""
+    import numpy as np
+    from test_data_sources import _write_cifar10
+    from test_hostile_cli import _idx_folder
+
+    _write_cifar10(tmp_path / "cifar", np.random.default_rng(0))  # 9 images: 27.6 kB of pixels
+    _idx_folder(tmp_path / "idx")  # 4 + 2 images of 28x28: 3,136 + 1,568 bytes
+    for dataset, limit, fragment in [(tmp_path / "cifar", 20_000, "the CIFAR batches in"),
+                                     (tmp_path / "idx", 4_000, "would take 4.7 kB")]:
+        monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", str(limit))
+        code = main(["train", "--dataset", str(dataset), "--device", "cpu", "--json", str(tmp_path / "r.json")])
+        _one_line_error(capsys, code, fragment)
+    assert not no_run

@@ -27,7 +27,7 @@ import torch
 from conftest import run_peak, snapshot
 from test_data_sources import _archive, _py2_pickle, _write_cifar10
 
-from speedrun.data import download, idx, limits, synthetic
+from speedrun.data import cifar, download, idx, limits, synthetic
 from speedrun.data.archive import safe_extract
 from speedrun.data.download import fetch
 from speedrun.data.sources import load_dataset
@@ -219,6 +219,37 @@ def test_cifar_pickle_bombs_are_refused_small(tmp_path):
         _one_line(o, str(p), "replace it")
     assert "builtins.bytes is not allowed" in out[0] and "builtins.str is not allowed" in out[1]
     assert "over the" in out[-1]
+
+
+class _SharedRaw:
+    """Pickles as a numpy array (numpy's own reduce: _reconstruct, then the state) whose raw bytes are one shared
+    bytes object: the pickle's memo stores it once, however many arrays refer to it."""
+
+    def __init__(self, raw: bytes):
+        self.raw = raw
+
+    def __reduce__(self):
+        try:
+            from numpy._core.multiarray import _reconstruct  # numpy 2
+        except ImportError:
+            from numpy.core.multiarray import _reconstruct
+        return (_reconstruct, (np.ndarray, (0,), b"b"),
+                (1, (len(self.raw) // 2,), np.dtype(">u2"), False, self.raw))
+
+
+def test_arrays_sharing_one_memoized_string_cannot_multiply_it(tmp_path):
+    """100 byte-swapped arrays over one 4 MiB string: a 4 MiB file that numpy would copy into 400 MiB."""
+    raw = bytes(4 * MiB)
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({b"data": [_SharedRaw(raw) for _ in range(100)], b"labels": [0]}, protocol=4))
+    assert path.stat().st_size < 5 * MiB
+    peak, (out,) = _peak_cases([f"cifar.load_batch(Path({str(path)!r}))"])
+    assert out.startswith("ValueError") and "its arrays hold more bytes than the file itself" in out, out
+    _one_line(out, str(path))
+    assert peak < SMALL, peak
+    one = tmp_path / "one"  # the same construction with a single array is a valid (if odd) batch entry
+    one.write_bytes(pickle.dumps({b"data": _SharedRaw(raw)}, protocol=4))
+    assert cifar.load_batch(one)[b"data"].shape == (2 * MiB,)
 
 
 def test_cifar_dtypes_must_be_plain_numbers(tmp_path):
@@ -495,3 +526,9 @@ def test_synthetic_bomb_peak_is_small():
     peak, out = _peak_cases(["sources.load_dataset('synthetic:train=1000000000000')",
                              "sources.load_dataset('synthetic:train=10,test=1,classes=2')"])
     assert peak < SMALL and out[0].startswith("ValueError") and out[1] == "ok"
+
+
+@pytest.mark.parametrize("spec", ["synthetic:train=64_0", "synthetic:train=\u0666\u0664", "synthetic:test=1e3"])
+def test_synthetic_numbers_are_plain_ascii_digits(spec):
+    with pytest.raises(ValueError, match="must be an integer"):
+        synthetic.parse_spec(spec)

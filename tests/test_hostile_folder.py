@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import warnings
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -419,6 +420,32 @@ def test_a_cache_that_is_a_fifo_or_too_large_is_rebuilt_not_read(tmp_path, monke
     finally:
         signal.alarm(0)
     assert torch.equal(again.train_images, first.train_images) and path.is_file() and path.stat().st_size < 10**6
+
+
+def test_a_cache_whose_zip_members_are_compressed_is_refused_before_inflating(tmp_path):
+    """torch.load inflates deflated members whole: a 300 MiB member in a file of a few hundred kB is refused first."""
+    root = _folder(tmp_path / "pics")
+    load_dataset(str(root), cache_dir=tmp_path / "cache")
+    (path,) = (tmp_path / "cache" / "cache").glob("*.pt")
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    path.unlink()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        for i, name in enumerate(names):  # the same member names, deflated; the last holds 300 MiB of zeros
+            with z.open(name, "w", force_zip64=True) as f:
+                for _ in range(300 if i == len(names) - 1 else 0):
+                    f.write(bytes(MB))
+    assert path.stat().st_size < 2 * MB
+    peak, err = run_peak(f"""
+        import warnings
+        from speedrun.data.sources import load_dataset
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ds = load_dataset({str(root)!r}, cache_dir={str(tmp_path / "cache")!r})
+        assert len(ds.train_labels) == 2 and any("compressed" in str(w.message) for w in seen), seen
+        """)
+    assert 'OUTCOME "ok"' in err, err[-2000:]
+    assert peak < 64 * MB, peak
 
 
 def test_cache_with_valid_checksum_but_bad_labels_is_rebuilt(tmp_path):

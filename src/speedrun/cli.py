@@ -103,6 +103,13 @@ def _cli_signals_and_warnings():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, CUDA's OutOfMemoryError, and the CPU allocator's RuntimeError ("can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
+
+
 def _train(args, argv: list[str]) -> int:
     from speedrun import runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
@@ -123,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
 
         runs.print_recipes()
         return 0
-    import torch  # for its exception types; train imports it anyway
-
     from speedrun.errors import Terminated
 
+    # Everything from here on, the imports of torch and the data included (a second or more), is inside the
+    # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
         with _cli_signals_and_warnings():
             return _train(args, argv)
@@ -137,10 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         text = str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename}"
         print(f"speedrun: error: {_one_line(text)}", file=sys.stderr)
         return EXIT_USAGE
-    except (MemoryError, torch.OutOfMemoryError) as exc:
-        print(f"speedrun: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
-              "(--set ...), or use fewer or smaller images", file=sys.stderr)
-        return EXIT_USAGE
     except Terminated:
         print("speedrun: terminated (SIGTERM); the runs that finished are in the result file", file=sys.stderr)
         return 143
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         print("speedrun: interrupted; the runs that finished are in the result file", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
+        if _out_of_memory(exc):
+            print(f"speedrun: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
+                  "(--set ...), or use fewer or smaller images", file=sys.stderr)
+            return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
         print(f"speedrun: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "

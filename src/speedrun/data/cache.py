@@ -14,6 +14,7 @@ import re
 import stat
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -106,6 +107,12 @@ def _read_cache(path: Path) -> Dataset:
         raise ValueError("not a regular file")
     limits.check_size(st.st_size, limits.max_dataset_bytes() + 2**20, f"cache {printable(str(path))}",
                       "it is rebuilt from the source")
+    # torch.save stores its zip members uncompressed; torch.load would inflate a deflated one whole before the
+    # checksum could refuse it (a 3 MB file holding 3 GB). The central directory says so before anything is read.
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size > st.st_size:
+                raise ValueError(f"zip member {info.filename!r} is compressed or larger than the file")
     # weights_only=True: the file holds only tensors, strings and ints, so no pickle code can run.
     d = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(d, dict) or d.get("format") != CACHE_FORMAT:

@@ -7,6 +7,7 @@ and b"labels" (CIFAR-10) or b"fine_labels" (CIFAR-100) is a list of N ints.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import io
 import os
@@ -65,7 +66,17 @@ class _CheckedArray(np.ndarray):
                 and isinstance(raw, bytes)
         if not ok:
             raise pickle.UnpicklingError("an array in the file is not a plain numeric array")
+        # One bytes object in the pickle's memo can fill any number of arrays, each a copy: 400 arrays from one
+        # 10 MB string made a 10 MB file take 4 GB. The arrays of one file may hold no more bytes than the file.
+        left = _ARRAY_BYTES_LEFT.get() - len(raw)
+        if left < 0:
+            raise pickle.UnpicklingError("its arrays hold more bytes than the file itself")
+        _ARRAY_BYTES_LEFT.set(left)
         super().__setstate__(state)
+
+
+# Bytes the arrays of the batch being loaded may still hold (load_batch sets it to the file's size).
+_ARRAY_BYTES_LEFT: contextvars.ContextVar[int] = contextvars.ContextVar("cifar_array_bytes_left", default=0)
 
 
 def _reconstruct(subtype: object, shape: object, typecode: object) -> np.ndarray:
@@ -158,6 +169,7 @@ def load_batch(path: Path) -> dict:
         raise ValueError(f"cannot read CIFAR batch {path} ({e}); check the file and its permissions") from None
     # A file that grew after fstat: still never more than the limit in memory.
     limits.check_size(len(data), limits.MAX_CIFAR_MEMBER_BYTES, f"CIFAR batch {path}", "replace it with a good copy")
+    budget = _ARRAY_BYTES_LEFT.set(len(data))
     try:
         obj = _CifarUnpickler(io.BytesIO(data), encoding="bytes").load()
     # Broad on purpose: a damaged pickle fails in many ways (UnpicklingError, EOFError, KeyError on a bad
@@ -167,6 +179,8 @@ def load_batch(path: Path) -> dict:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable CIFAR python batch ({reason}); replace it with a good copy") \
             from None
+    finally:
+        _ARRAY_BYTES_LEFT.reset(budget)
     if not isinstance(obj, dict):
         raise ValueError(f"{path} holds a {type(obj).__name__}, not a CIFAR batch dict; replace it with a good copy")
     # Hand out plain ndarrays: the checking subclass has done its work.
@@ -270,6 +284,9 @@ def source_files(kind: str, d: Path) -> list[Path]:
 
 def read_batches(kind: str, d: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(train_x, train_y, test_x, test_y, classes) from the extracted batches in `d`; x is (N, 3, 32, 32) uint8."""
+    # The pixels are most of each batch file, so the files' sizes bound the decoded dataset before any is read.
+    sizes = sum(p.stat().st_size for p in source_files(kind, d) if p.is_file())
+    limits.check_dataset_bytes(sizes, f"the CIFAR batches in {d}")
     if kind == "cifar10":
         meta = d / "batches.meta"
         if not meta.is_file():

@@ -76,6 +76,9 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
                              f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
         if len(x) == 0:
             raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
+    # Every reader checks what its files claim before reading; this bounds the sum over files and splits (two IDX
+    # files, each under the limit, are still refused together when over it).
+    limits.check_dataset_bytes(ds.train_images.numel() + ds.test_images.numel(), what)
     if ds.num_classes < 2:
         count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
         raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")

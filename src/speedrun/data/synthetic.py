@@ -6,6 +6,8 @@ generating is faster than reading a cache file would be.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -24,10 +26,13 @@ _MAXIMUM = {"classes": limits.MAX_CLASSES, "seed": 2**64 - 1}
 
 def _int(key: str, text: str, minimum: int, maximum: int | None = None) -> int:
     try:
+        # Plain ASCII digits only: int() also takes "64_0" and other scripts' digits, which no one means here.
+        if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+            raise ValueError(text)
         value = int(text)
     except ValueError:
         # Python refuses to parse integers of more than 4,300 digits: too large, not "not an integer".
-        kind = "is far too large" if text.strip().lstrip("+-").isdigit() else "must be an integer"
+        kind = "is far too large" if re.fullmatch(r"[+-]?[0-9]+", text.strip()) else "must be an integer"
         shown = text if len(text) <= 20 else text[:20] + "..."
         raise ValueError(f"synthetic: {key} {kind}, got {shown!r}") from None
     if value < minimum:

@@ -88,12 +88,15 @@ def output_side(side_px: int, widths: tuple[int, ...], whiten_kernel_px: int) ->
 
 
 def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widths: tuple[int, ...],
-                       convs_per_group: int, whiten_kernel_px: int, batch_size: int) -> tuple[int, int]:
-    """(parameter bytes, activation bytes): less than one fp32 training step of this net certainly needs.
+                       convs_per_group: int, whiten_kernel_px: int, batch_size: int,
+                       eval_batch_size: int) -> tuple[int, int, int]:
+    """(parameter bytes, training activation bytes, evaluation activation bytes): less than this fp32 net
+    certainly needs.
 
-    Parameters count three times (weights, gradients, momentum); activations once per conv output kept for the
-    backward pass, at the resolution it is computed, (B, c_out, H, W). Real use is higher: this is for refusing
-    settings that cannot fit, never ones that might.
+    Parameters count three times (weights, gradients, momentum). Training keeps every conv output for the backward
+    pass, at the resolution it is computed, (B, c_out, H, W); evaluation keeps no graph, but at least the whitened
+    input and the first conv's output, (B, c, H, W) each, are alive together. Real use is higher: this is for
+    refusing settings that cannot fit, never ones that might.
     """
     c, h, w = image_shape
     k = whiten_kernel_px
@@ -101,6 +104,7 @@ def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widt
     params = whiten * c * k * k + whiten + widths[-1] * num_classes
     pixels = (h - k + 1) * (w - k + 1)
     acts = whiten * pixels
+    eval_acts = (whiten + widths[0]) * pixels
     c_in = whiten
     for c_out in widths:
         params += 9 * c_in * c_out + 9 * c_out * c_out * (convs_per_group - 1) + 2 * c_out * convs_per_group
@@ -108,4 +112,4 @@ def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widt
         pixels //= 4
         acts += c_out * pixels * (convs_per_group - 1)
         c_in = c_out
-    return 4 * 3 * params, 4 * batch_size * acts
+    return 4 * 3 * params, 4 * batch_size * acts, 4 * eval_batch_size * eval_acts

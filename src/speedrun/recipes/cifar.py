@@ -176,14 +176,16 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
                             ("cutmix_px", cfg.cutmix_px, side)):
         if px > limit:
             raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
-    param_bytes, act_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths, cfg.convs_per_group,
-                                                cfg.whiten_kernel_px, cfg.batch_size)
-    fix = "lower batch_size or widths (--set batch_size=... / --set widths=...)"
+    param_bytes, train_bytes, eval_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths,
+                                                              cfg.convs_per_group, cfg.whiten_kernel_px,
+                                                              cfg.batch_size, min(cfg.eval_batch_size, num_test))
+    fix = "lower batch_size, eval_batch_size or widths (--set batch_size=... / eval_batch_size=... / widths=...)"
     # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
     # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
     on_host = device is None or device.type == "cpu"
-    limits.check_memory(param_bytes + (act_bytes if on_host else 0),
-                        f"training this net ({cfg.widths}, batch {cfg.batch_size}, {h}x{w} images)", fix)
+    limits.check_memory(param_bytes + (max(train_bytes, eval_bytes) if on_host else 0),
+                        f"this net ({cfg.widths}, batch {cfg.batch_size}, eval batch {cfg.eval_batch_size}, {h}x{w} "
+                        "images)", fix)
     notes = []
     if cfg.batch_size > num_train:
         notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
