@@ -406,3 +406,36 @@ def test_the_data_limit_holds_for_every_source(capsys, tmp_path, monkeypatch, no
         code = main(["train", "--dataset", str(dataset), "--device", "cpu", "--json", str(tmp_path / "r.json")])
         _one_line_error(capsys, code, fragment)
     assert not no_run
+
+
+def test_after_the_first_interrupt_further_signals_are_ignored(monkeypatch, capsys):
+    """A double Ctrl-C used to interrupt the interpreter's shutdown and print a traceback."""
+    from speedrun import cli
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_train", interrupted)
+    monkeypatch.setattr(sys, "argv", ["speedrun", "train", *TINY])
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert main(["train", *TINY]) == 130  # main() leaves the caller's handlers alone
+        assert all(signal.getsignal(s) == handler for s, handler in saved.items())
+        assert cli.entry() == 130  # the program ignores what follows
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in saved)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_a_bad_data_limit_is_one_line_even_with_a_warm_cache(capsys, tmp_path, monkeypatch, no_run):
+    from test_hostile_folder import _folder
+
+    root = _folder(tmp_path / "pics", size=(16, 16))
+    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
+    from speedrun.data.sources import load_dataset
+
+    load_dataset(str(root))  # the cache is warm
+    monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", "abc")
+    code = main(["train", "--dataset", str(root), "--device", "cpu", "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "SPEEDRUN_MAX_DATA_BYTES='abc' is not an integer")

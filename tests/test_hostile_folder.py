@@ -3,6 +3,7 @@ nothing is written outside the cache dir, and a damaged cache is rebuilt with a 
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import struct
@@ -415,8 +416,13 @@ def test_a_cache_that_is_a_fifo_or_too_large_is_rebuilt_not_read(tmp_path, monke
         monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", str(10**6))
     signal.alarm(30)  # a hang fails the test instead of the whole suite
     try:
-        with pytest.warns(SpeedrunWarning, match=r"is unreadable .*rebuilding it"):
-            again = load_dataset(str(root), cache_dir=tmp_path / "cache")
+        if kind == "fifo":
+            with pytest.warns(SpeedrunWarning, match=r"is unreadable .*rebuilding it"):
+                again = load_dataset(str(root), cache_dir=tmp_path / "cache")
+        else:  # not read; the source is read again, and its own size check decides
+            lines = []
+            again = load_dataset(str(root), cache_dir=tmp_path / "cache", log=lines.append)
+            assert any("is over the data limit; reading the source instead" in line for line in lines)
     finally:
         signal.alarm(0)
     assert torch.equal(again.train_images, first.train_images) and path.is_file() and path.stat().st_size < 10**6
@@ -504,3 +510,47 @@ def test_load_dataset_checks_synthetic_and_folders(tmp_path, monkeypatch):
         load_dataset("synthetic:test=0")
     message = _refused(tmp_path, _folder(tmp_path / "one", classes=("only",)), str(tmp_path / "one"))
     assert "has 1 class" in message
+
+
+# ---- found by trying hostile inputs beyond the issue's list ----------------------------------------------------------
+
+
+def test_a_progressive_jpeg_with_hundreds_of_scans_is_refused_before_decoding(tmp_path):
+    """libjpeg decodes scan after scan into a full-size buffer: one tiny scan repeated 20,000 times cost 49 s."""
+    root = _folder(tmp_path / "pics")
+    buf = io.BytesIO()
+    Image.fromarray(np.full((4, 4, 3), 99, np.uint8)).save(buf, format="JPEG", progressive=True)
+    data = buf.getvalue()
+    last_scan = data[data.rfind(b"\xff\xda"):-2]  # the last SOS segment with its entropy-coded data, before EOI
+    bomb = root / "train" / "a" / "0.jpg"
+    bomb.write_bytes(data[:-2] + last_scan * 300 + b"\xff\xd9")
+    message = _refused(tmp_path, root, str(bomb))
+    assert "progressive JPEG of 310 scans" in message
+    ok = root / "train" / "a" / "0.jpg"  # the same image as written: 10 scans, accepted
+    ok.write_bytes(data)
+    assert load_dataset(str(root), cache_dir=tmp_path / "cache").train_images.shape[0] == 3
+
+
+def test_a_tall_thin_png_is_refused_by_its_side(tmp_path):
+    """Pillow keeps a pointer per row: 1 x 48,000,000 took 20 times its pixels' memory, within the pixel limit."""
+    root = _folder(tmp_path / "pics")
+    (root / "train" / "a" / "0.png").write_bytes(_png(1, 40_000_000, colour_type=0))
+    message = _refused(tmp_path, root, "0.png", image_size=16)
+    assert "1x40000000" in message and "32768 per side" in message
+
+
+def test_pillows_own_warnings_do_not_flood_stderr(tmp_path):
+    """A palette PNG with transparency makes Pillow warn once per file, without its name; we drop alpha by design."""
+    root = _folder(tmp_path / "pics")
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (4, 4, 3), dtype=np.uint8)).convert("P")
+    with warnings.catch_warnings(record=True) as seen:  # what Pillow alone does with such a file
+        warnings.simplefilter("always")
+        noise.save(root / "train" / "a" / "p.png", transparency=bytes([0, 255, 128]))
+        Image.open(root / "train" / "a" / "p.png").convert("RGB")
+    assert any("Transparency expressed in bytes" in str(w.message) for w in seen)
+    for i in range(4):
+        noise.save(root / "train" / "a" / f"p{i}.png", transparency=bytes([0, 255, 128]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = load_dataset(str(root), cache_dir=tmp_path / "cache")
+    assert ds.train_images.shape[0] == 7  # two of _folder's, five palette PNGs

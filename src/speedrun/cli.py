@@ -162,5 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def entry() -> int:
+    """The `speedrun` program (console script and `python -m speedrun.cli`): main(), then, after an interrupt, no
+    more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice) would otherwise
+    interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and embedding programs
+    call in their own process, whose children would inherit the ignored signals."""
+    code = main()
+    if code in (130, 143):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from speedrun.config import apply_overrides
+from speedrun.data import limits
 from speedrun.data.loader import steps_for
 from speedrun.engine import Diverged, resolve_device
 from speedrun.errors import warn
@@ -214,6 +215,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     if smoke:
         cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False)
     dev = resolve_device(device)
+    limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
     dataset = dataset or rec.default_dataset
     if json_path is not None:  # claimed now: an existing or unwritable path fails before any work
         json_path = default_result_path(rec.name, dataset) if json_path == "auto" else claim_result_path(json_path)

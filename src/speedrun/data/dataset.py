@@ -76,9 +76,6 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
                              f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
         if len(x) == 0:
             raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
-    # Every reader checks what its files claim before reading; this bounds the sum over files and splits (two IDX
-    # files, each under the limit, are still refused together when over it).
-    limits.check_dataset_bytes(ds.train_images.numel() + ds.test_images.numel(), what)
     if ds.num_classes < 2:
         count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
         raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
@@ -94,4 +91,15 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
         if low < 0 or high >= ds.num_classes:
             raise ValueError(f"{what}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
                              f"for its {ds.num_classes} classes; fix the labels or the class list")
+    return ds
+
+
+def check_data_limit(ds: Dataset, source: str) -> Dataset:
+    """Refuse a dataset over `limits.max_dataset_bytes()`, naming `source`; return it unchanged.
+
+    Every reader checks what its files claim before reading; this bounds the sum over files and splits (two IDX
+    files, each under the limit, are still refused together when over it). A policy, apart from check_dataset's
+    integrity: a cache over the limit is not corrupt, and is not rebuilt.
+    """
+    limits.check_dataset_bytes(ds.train_images.numel() + ds.test_images.numel(), printable(source))
     return ds

@@ -162,9 +162,11 @@ def _opened(path: str) -> Iterator[Image.Image]:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise _Refused(f"{shown} is not a regular file; remove it from the image folder")
         with warnings.catch_warnings():  # 1 us per image
-            # Pillow warns above 89 Mpx; our own limit (limits.MAX_SOURCE_PIXELS) is lower and refuses such a file
-            # with one line, so its warning would only print a second, multi-line message.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            # Pillow's warnings are about its own handling, once per file and without the file's name: above
+            # 89 Mpx (our own, lower limit refuses such a file with one line), a palette with transparency (we drop
+            # alpha by design), a malformed EXIF or MPO segment in a JPEG whose pixels decode. 50,000 such files
+            # would print 50,000 identical lines; what matters, a file that does not decode, is an error.
+            warnings.filterwarnings("ignore", module=r"PIL\.")
             with Image.open(path, formats=_FORMATS) as im:
                 yield im
     except _Refused:
@@ -184,14 +186,32 @@ def _opened(path: str) -> Iterator[Image.Image]:
 def _check_header(path: str, im: Image.Image, image_size: int | None) -> None:
     """Refuse by the header's claim alone: Image.open has read no pixel yet."""
     w, h = im.size
-    if w * h > limits.MAX_SOURCE_PIXELS:
+    if w * h > limits.MAX_SOURCE_PIXELS or max(w, h) > limits.MAX_SOURCE_SIDE_PX:
         raise _Refused(f"{printable(path)} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
-                       "per image; shrink it or remove it")
+                       f"per image or {limits.MAX_SOURCE_SIDE_PX} per side; shrink it or remove it")
+    if im.format == "JPEG" and im.info.get("progressive"):
+        scans = _jpeg_scans(path)
+        if scans > limits.MAX_JPEG_SCANS:
+            raise _Refused(f"{printable(path)} is a progressive JPEG of {scans} scans, over the "
+                           f"{limits.MAX_JPEG_SCANS} any encoder writes; re-encode it or remove it")
     if image_size is None and max(w, h) > limits.MAX_IMAGE_SIDE_PX:
         raise _Refused(f"{printable(path)} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
                        "resizing; pass image_size (--image-size N) to resize every image to N x N")
     if im.mode.startswith(("I", "F")):
         raise _Refused(f"{printable(path)} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
+
+
+def _jpeg_scans(path: str) -> int:
+    """Start-of-scan markers (FF DA) in a JPEG file, read in 1 MiB chunks. In entropy-coded data every FF byte is
+    followed by 00 (JPEG's byte stuffing, ITU T.81 B.1.1.5), so FF DA there is always a marker; an EXIF thumbnail
+    adds its own one."""
+    count, tail = 0, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            data = tail + chunk
+            count += data.count(b"\xff\xda")
+            tail = data[-1:] if data.endswith(b"\xff") else b""  # a marker split across two chunks
+    return count
 
 
 def _header_size(path: str) -> tuple[int, int]:
@@ -284,13 +304,15 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, args=(paths, out, gray, image_size, ref, claimed, send), daemon=True)
             # Blocked across fork, so a signal cannot reach the worker before it has replaced the parent's handlers.
+            # It is also tracked before they are unblocked: a Ctrl-C delivered between start() and the append
+            # would leave a worker no `finally` below knows to kill, decoding on with the terminal's pipes open.
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             try:
                 proc.start()
+                procs.append((proc, receive))
+                send.close()
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            send.close()
-            procs.append((proc, receive))
         running = {proc.sentinel: (proc, receive) for proc, receive in procs}
         while running:
             for sentinel in wait(list(running)):

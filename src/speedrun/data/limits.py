@@ -37,6 +37,13 @@ MAX_IMAGE_SIDE_PX = 1024
 # One source image may be decoded up to this many pixels before it is resized (a 48-megapixel photo; Pillow's
 # own warning starts at 89 Mpx). Its header is checked before any pixel is decoded.
 MAX_SOURCE_PIXELS = 48_000_000
+# And each side: Pillow keeps a pointer per row, so a 1 x 48,000,000 PNG took 20 times its pixels' memory. The
+# widest panoramas are around 30,000 px.
+MAX_SOURCE_SIDE_PX = 32_768
+# A progressive JPEG is decoded scan by scan into a full-size buffer, so repeating a tiny scan 20,000 times made
+# one 1.6 MB file take 49 s. Encoders write about 10 scans (libjpeg's default script); libjpeg-turbo's own tools
+# stop at 500.
+MAX_JPEG_SCANS = 256
 
 # Classes of one dataset: ImageNet-21k has 21,841. A class count comes from files (CIFAR's meta, folder names) and
 # sizes the network's head and every one-hot target, so it is bounded like any other claim.

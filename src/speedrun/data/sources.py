@@ -21,7 +21,7 @@ import torch
 
 from speedrun.data import cifar, folder, idx, limits, synthetic
 from speedrun.data.cache import cache_path, cached, fingerprint_files
-from speedrun.data.dataset import Dataset, check_dataset
+from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.data.archive import safe_extract
 from speedrun.data.download import Remote, fetch
 
@@ -56,9 +56,10 @@ def load_dataset(
     log: receives progress lines (downloads, first-read decoding, cache hits).
     image_size: image folders only: scale every image so its shorter side is this many pixels, then centre-crop
     it square. Without it, the images of a folder must share one size.
-    Every dataset returned, from the cache or freshly read, has passed `check_dataset`.
+    Every dataset returned, from the cache or freshly read, has passed `check_dataset` and `check_data_limit`.
     """
     log = log or _no_log
+    limits.max_dataset_bytes()  # a bad SPEEDRUN_MAX_DATA_BYTES is one error now, not a cache "rebuilt" later
     text = os.fsdecode(spec).strip()  # a bytes path that is not UTF-8 keeps its bytes as surrogates
     lowered = text.lower()
     image_size = _check_image_size(image_size)
@@ -66,20 +67,24 @@ def load_dataset(
         if image_size is not None:
             raise ValueError("image_size (--image-size) applies to image folders only, not to synthetic data; "
                              "leave it out and set the spec's shape=3xNxN instead")
-        return check_dataset(synthetic.make(text), text)
+        return _accept(synthetic.make(text), text)
     cache_root = Path(cache_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser()
     if lowered in SOURCES:
         if image_size is not None:
             raise ValueError(f"image_size (--image-size) applies to image folders only, not to {lowered}; leave it "
                              "out")
-        return check_dataset(_load_named(lowered, data_dir, cache_root, download, log), lowered)
+        return _accept(_load_named(lowered, data_dir, cache_root, download, log), lowered)
     path = Path(text).expanduser()
     if text and _exists(path):
-        return check_dataset(_load_path(path, cache_root, log, image_size), folder.printable(str(path)))
+        return _accept(_load_path(path, cache_root, log, image_size), folder.printable(str(path)))
     raise ValueError(
         f"unknown dataset {text!r}: use one of {', '.join(SOURCES)}, synthetic or synthetic:key=val,..., "
         f"or a path that exists (image folder with train/ and test/, CIFAR batches or .tar.gz, IDX files)"
     )
+
+
+def _accept(ds: Dataset, source: str) -> Dataset:
+    return check_data_limit(check_dataset(ds, source), source)
 
 
 def _check_image_size(image_size: object) -> int | None:

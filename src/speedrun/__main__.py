@@ -1,0 +1,7 @@
+"""`python -m speedrun ...`: the same program as the `speedrun` console script."""
+
+import sys
+
+from speedrun.cli import entry
+
+sys.exit(entry())
