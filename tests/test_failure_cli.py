@@ -439,3 +439,65 @@ def test_a_bad_data_limit_is_one_line_even_with_a_warm_cache(capsys, tmp_path, m
     monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", "abc")
     code = main(["train", "--dataset", str(root), "--device", "cpu", "--json", str(tmp_path / "r.json")])
     _one_line_error(capsys, code, "SPEEDRUN_MAX_DATA_BYTES='abc' is not an integer")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"json_path": 123}, "json_path=123 is not"), ({"dataset": 123}, "dataset=123 is not"),
+    ({"device": None}, "device=None is not"), ({"data_dir": 1.5}, "data_dir=1.5 is not"),
+    ({"overrides": [("lookahead", False)]}, "overrides=[('lookahead', False)] is not"),
+    ({"smoke": "yes"}, "smoke='yes' is not"), ({"command": 123}, "command=123 is not"),
+    ({"dataset": ""}, "unknown dataset ''"),  # an empty name (an unset shell variable) is not the default
+])
+def test_the_python_api_refuses_wrong_types_with_value_errors(kwargs, fragment, no_run):
+    import speedrun
+
+    with pytest.raises(ValueError) as err:
+        speedrun.train(**{"device": "cpu", "dataset": "synthetic:train=64,test=16", **kwargs})
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="recipe"):
+        speedrun.train(["cifar10-94"])
+    from speedrun.data.sources import load_dataset
+
+    with pytest.raises(ValueError, match="dataset=123 is not a path or name"):
+        load_dataset(123)
+
+
+def test_the_last_line_after_an_interrupt_says_what_was_kept(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return cifar.train_run(*args, **kwargs)
+
+    rec = runs.RECIPES["cifar10-94"]
+    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=run_then_interrupt))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--runs", "5", "--json", str(out), "--quiet"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == f"speedrun: interrupted; 2 finished run(s) kept in {out}"
+    calls.clear()
+    calls.extend([1, 1])  # the next call interrupts: no run finishes
+    assert main(["train", *TINY, "--json", str(tmp_path / "r2.json"), "--quiet"]) == 130
+    assert capsys.readouterr().err == "speedrun: interrupted; no run had finished\n"
+    assert not (tmp_path / "r2.json").exists()
+
+
+def test_a_result_path_under_a_file_says_so(capsys, tmp_path, no_run):
+    (tmp_path / "afile").write_text("x")
+    code = main(["train", *TINY, "--json", str(tmp_path / "afile" / "r.json")])
+    err = _one_line_error(capsys, code, "is not a folder")
+    assert "already exists" not in err and "PosixPath" not in err
+
+
+def test_a_second_signal_waits_until_the_interrupted_result_is_written():
+    """runs.train writes the interrupted result with SIGINT and SIGTERM held: a second Ctrl-C used to cut that write
+    short, leaving the previous file ("interrupted": false)."""
+    steps = []
+    handler = signal.getsignal(signal.SIGINT)
+    with runs._signals_held():
+        torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's worker threads exist, as in a real run
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        steps.append("written")  # reached: the signal did not interrupt the block
+    assert steps == ["written"] and signal.getsignal(signal.SIGINT) is handler

@@ -8,6 +8,7 @@ measured in a fresh process (conftest.run_peak); each refusal must stay far belo
 from __future__ import annotations
 
 import hashlib
+import gzip
 import io
 import json
 import os
@@ -532,3 +533,76 @@ def test_synthetic_bomb_peak_is_small():
 def test_synthetic_numbers_are_plain_ascii_digits(spec):
     with pytest.raises(ValueError, match="must be an integer"):
         synthetic.parse_spec(spec)
+
+
+# ---- tar header tricks that act inside tarfile, before a member reaches our checks ------------------------------
+
+
+def _octal(n: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, n)
+
+
+def _gnu_sparse_chain(blocks: int) -> bytes:
+    """A GNU sparse ('S') member whose header says more sparse maps follow, then `blocks` extension blocks of 21
+    (offset, size) pairs each, every one saying another follows but the last (GNU tar's format: the flag at byte
+    482 of the header, 504 of each extension block)."""
+    head = bytearray(tarfile.TarInfo("cifar-10-batches-py/x").tobuf(tarfile.GNU_FORMAT)[:512])
+    head[156:157] = b"S"
+    head[482] = 1
+    head[483:495] = _octal(16, 12)  # the real size
+    head[148:156] = b" " * 8  # the checksum is computed over the header with its own field as spaces
+    head[148:156] = b"%06o\0 " % sum(head)
+    ext = bytearray(b"".join(_octal(1, 12) * 2 for _ in range(21)) + bytes(8))
+    ext[504] = 1
+    last = bytearray(ext)
+    last[504] = 0
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+    chunk = bytes(ext) * 1024
+    body = [c.compress(bytes(head))] + [c.compress(chunk) for _ in range(blocks // 1024)]
+    return b"".join(body) + c.compress(bytes(last) + bytes(1024)) + c.flush()
+
+
+def test_a_gnu_sparse_chain_is_refused_before_tarfile_lists_it(tmp_path):
+    """tarfile keeps 21 entries per extension block in a list inside next(), before safe_extract sees the member:
+    a million blocks (21 kB of bzip2) took 1.7 GB. Here 200,000 blocks, 100 MB of headers in a 100 kB file."""
+    bomb = tmp_path / "cifar-10-python.tar.gz"
+    bomb.write_bytes(_gnu_sparse_chain(200_000))
+    assert bomb.stat().st_size < 400_000
+    peak, (out,) = _peak_cases([f"archive.safe_extract(Path({str(bomb)!r}), Path({str(tmp_path / 'out')!r}))"])
+    assert out.startswith("ValueError") and "header blocks" in out, out
+    _one_line(out, "cifar-10-python.tar.gz")
+    assert peak < SMALL, peak
+
+
+def test_chained_extended_headers_and_deep_names_are_one_line(tmp_path):
+    """tarfile recurses once per chained PAX header, and os.makedirs once per path level: both used to end in a
+    RecursionError, an internal error with exit 1."""
+    pax = tarfile.TarInfo._create_pax_generic_header({"comment": "x"}, tarfile.XHDTYPE, "utf-8")
+    member = tarfile.TarInfo("cifar-10-batches-py/f")
+    member.size = 1
+    chain = tmp_path / "chain.tar.gz"
+    chain.write_bytes(gzip.compress(pax * 5000 + member.tobuf(tarfile.USTAR_FORMAT) + b"x" + bytes(511 + 1024)))
+    with pytest.raises(ValueError, match="chains thousands of extended headers"):
+        safe_extract(chain, tmp_path / "o1")
+    deep = tmp_path / "deep.tar.gz"
+    deep.write_bytes(gzip.compress(_small_tar({"cifar-10-batches-py/" + "d/" * 20_000 + "f": b"x"})))
+    with pytest.raises(ValueError) as err:
+        safe_extract(deep, tmp_path / "o2")
+    _one_line(str(err.value), "deep.tar.gz", "or 32 or more levels", "(40021 characters)")
+    assert len(str(err.value)) < 400  # the 40,021-character name is cut short in the message
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_folder_and_a_file_of_one_name_is_the_archives_fault(tmp_path):
+    clash = tmp_path / "clash.tar.gz"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        folder = tarfile.TarInfo("cifar-10-batches-py")
+        folder.type = tarfile.DIRTYPE
+        tf.addfile(folder)
+        tf.addfile(tarfile.TarInfo("cifar-10-batches-py"), io.BytesIO(b""))
+    clash.write_bytes(gzip.compress(buf.getvalue()))
+    with pytest.raises(ValueError) as err:
+        safe_extract(clash, tmp_path / "o")
+    _one_line(str(err.value), "clash.tar.gz", "members that clash")
+    assert "free space" not in str(err.value)

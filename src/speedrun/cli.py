@@ -23,9 +23,16 @@ EXIT_DIVERGED = 3
 EXIT_INTERNAL = 1
 
 
+_MAX_LINE = 1000  # characters of one error or warning line
+
+
 def _one_line(text: object) -> str:
-    # Some library messages (tarfile's, for one) carry newlines of their own.
-    return " ".join(str(text).split())
+    """Newlines folded (tarfile's messages carry some), and cut in the middle past _MAX_LINE characters: a value
+    echoed back (a 100,000-character --dataset, say) must not make the one line a screenful."""
+    text = " ".join(str(text).split())
+    if len(text) <= _MAX_LINE:
+        return text
+    return f"{text[:_MAX_LINE // 2]} ...[{len(text) - _MAX_LINE + 200} characters]... {text[-(_MAX_LINE // 2 - 200):]}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         text = str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename}"
         print(f"speedrun: error: {_one_line(text)}", file=sys.stderr)
         return EXIT_USAGE
-    except Terminated:
-        print("speedrun: terminated (SIGTERM); the runs that finished are in the result file", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("speedrun: interrupted; the runs that finished are in the result file", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
+        where = (f"{kept} finished run(s) kept in {path}" if kept and path else
+                 f"{kept} finished run(s), no result file asked for" if kept else "no run had finished")
+        print(f"speedrun: {what}; {_one_line(where)}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
         if _out_of_memory(exc):
             print(f"speedrun: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "

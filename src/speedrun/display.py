@@ -149,7 +149,9 @@ class Display:
             caption.append(f"Interrupted after {len(result.runs)} of {result.runs_requested} runs.")
         if len(result.finished) == 1:
             caption.append("One run has no spread: std and interval are n/a.")
-        caption.append("Timed region: whitening init + training + TTA eval; data loading "
+        tta = result.config.get("tta_level", 0)
+        final = f"final evaluation with TTA level {tta}" if tta else "final evaluation without TTA"
+        caption.append(f"Timed region: whitening init + training + {final}; data loading "
                        f"({result.data_seconds:.1f} s) and warm-up ({result.warmup_seconds:.1f} s) excluded.")
         table.caption = " ".join(caption)
         self.out.print(table)

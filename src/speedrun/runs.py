@@ -5,10 +5,13 @@ This is what `speedrun train` and `speedrun.train()` call. The training loop its
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +59,7 @@ SMOKE_TEST_IMAGES = 1000
 
 
 def get_recipe(name: str) -> Recipe:
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
     return RECIPES[name]
 
@@ -87,6 +90,14 @@ def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any])
         cfg = _compress(cfg, _check_epochs(epochs))
     cfg.validate()
     return cfg
+
+
+def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
+    """Each keyword is (value, allowed types, what to pass instead): the API's arguments, before anything uses them
+    (a device of None or a json_path of 123 would otherwise fail deep inside, as a TypeError naming nothing)."""
+    for name, (value, types, expected) in values.items():
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise ValueError(f"{name}={value!r:.80} is not {expected}")
 
 
 def _check_int(name: str, flag: str, value: Any, low: int, high: int) -> int:
@@ -208,6 +219,15 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     from speedrun import display  # rich is imported only when something is shown
     from speedrun.data.sources import load_dataset
 
+    path_like = (str, os.PathLike, type(None))
+    _check_types(dataset=(dataset, path_like, "a dataset name or path (--dataset)"),
+                 device=(device, (str,), "a device name such as 'cpu' (--device)"),
+                 data_dir=(data_dir, path_like, "a folder or archive path (--data-dir)"),
+                 json_path=(json_path, path_like, "a file path, 'auto' or None (--json)"),
+                 overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
+                 smoke=(smoke, (bool,), "True or False (--smoke)"), verbose=(verbose, (bool,), "True or False"),
+                 summary=(summary, (bool, type(None)), "True, False or None"),
+                 command=(command, (str, type(None)), "a string or None"))
     rec = get_recipe(recipe)
     runs = _check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = _check_int("seed", "--seed", seed, 0, 2**62)
@@ -216,7 +236,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False)
     dev = resolve_device(device)
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
-    dataset = dataset or rec.default_dataset
+    dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
     if json_path is not None:  # claimed now: an existing or unwritable path fails before any work
         json_path = default_result_path(rec.name, dataset) if json_path == "auto" else claim_result_path(json_path)
     written = False
@@ -273,12 +293,16 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 result.runs.append(run)
                 result.complete = len(result.runs) == runs
                 save()  # after every run: a crash or kill later keeps this one
-        except KeyboardInterrupt:  # Ctrl-C, and SIGTERM through errors.Terminated
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, and SIGTERM through errors.Terminated
             result.interrupted = True
+            # What the CLI's last line says: how many runs were kept, and where.
+            interrupt.runs_kept = len(result.runs)
+            interrupt.result_path = json_path if result.runs else None
             if not result.runs:
                 raise
             show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
-            save()
+            with _signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
+                save()
             show.summary(result)
             if json_path is not None:
                 show.line(f"result: {json_path}")
@@ -293,6 +317,22 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             _release(Path(json_path))
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """A Ctrl-C or SIGTERM during the block does not interrupt it; the command is stopping already, so it changes
+    nothing after it either. Python-level handlers, not a signal mask: torch's threads would take a process-directed
+    signal that the main thread blocks. Only the main thread may set handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, lambda signum, frame: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+
+
 def claim_result_path(path: str | Path) -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
     path = Path(path)
@@ -304,13 +344,21 @@ def claim_result_path(path: str | Path) -> Path:
         raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
+        raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
+                         "path (json_path / --json)") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
+                         "(json_path / --json)") from None
+    try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
                          "(json_path / --json) or move the old file away") from None
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
         reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise ValueError(f"cannot create the result file {path!r} ({reason}); choose a writable path "
+        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
                          "(json_path / --json)") from None
     return path
 

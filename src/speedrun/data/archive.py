@@ -18,10 +18,28 @@ import zlib
 from pathlib import Path
 
 from speedrun.data import limits
+from speedrun.errors import printable
 
-# The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB).
-_MAX_TAR_READ = 1 << 20
+# The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB). tarfile
+# recurses once per extended header and each level keeps its payload, so this bounds that chain's memory too.
+_MAX_TAR_READ = 64 << 10
+# Reads of one 512-byte block that tarfile may make per member: its header, a PAX or long-name header and its
+# payload, the last block of its data. A GNU sparse member's extension blocks are read one by one inside tarfile,
+# which keeps 21 entries per block in a list before we see the member (1,000,000 blocks, 21 kB of bzip2, took
+# 1.7 GB): this bounds them.
+_BLOCK_READS_PER_MEMBER = 16
+_BLOCK = 512
+# Member names: CIFAR's are under 40 characters and 2 levels deep. A name of 20,000 levels made tarfile's
+# os.makedirs recurse past Python's limit.
+_MAX_NAME_CHARS = 1024
+_MAX_NAME_DEPTH = 32
 _DRAIN_CHUNK = 1 << 20
+
+
+def _shown(name: str) -> str:
+    """A member name for a message: printable, and cut short (a name from an archive may be 900,000 characters)."""
+    text = repr(printable(name))
+    return text if len(text) <= 120 else text[:100] + f"...' ({len(name)} characters)"
 
 
 def _inside(path: str, root: str) -> bool:
@@ -38,7 +56,10 @@ def _check_member(member: tarfile.TarInfo, root: str, tar_name: str) -> None:
     elsewhere. The path is resolved with realpath against what is already on disk, as a second line.
     """
     name = member.name
-    where = f"archive {tar_name} member {name!r}"
+    where = f"archive {tar_name} member {_shown(name)}"
+    if len(name) > _MAX_NAME_CHARS or name.count("/") + name.count("\\") >= _MAX_NAME_DEPTH:
+        raise ValueError(f"{where} has a name of {len(name)} characters or {_MAX_NAME_DEPTH} or more levels; "
+                         "refusing to extract this archive")
     if member.issym() or member.islnk():
         raise ValueError(f"{where} is a link to {member.linkname!r}; the archives speedrun reads hold only files "
                          "and folders, refusing to extract this one")
@@ -59,13 +80,19 @@ class _Capped:
     hundred bytes; member data is copied in 16 KiB reads (tarfile.copyfileobj), header blocks are 512 bytes.
     """
 
-    def __init__(self, f, cap: int, name: str):
+    def __init__(self, f, cap: int, name: str, max_block_reads: int):
         self._f, self._cap, self.name = f, cap, name
+        self._block_reads, self._max_block_reads = 0, max_block_reads
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0 or n > self._cap:
             raise ValueError(f"archive {self.name} has a header or read of {n} bytes, over {self._cap}; "
                              f"it is not a plain tar archive, refusing to extract it")
+        if n == _BLOCK:
+            self._block_reads += 1
+            if self._block_reads > self._max_block_reads:
+                raise ValueError(f"archive {self.name} has more than {self._max_block_reads} header blocks for its "
+                                 "members (a GNU sparse chain?); it is not a plain tar archive, refusing to extract it")
         return self._f.read(n)
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -116,7 +143,7 @@ def safe_extract(
     fix = "delete it and download it again, or pass a good copy"
     try:
         with _open_decompressed(tar_path) as raw:
-            stream = _Capped(raw, _MAX_TAR_READ, tar_path.name)
+            stream = _Capped(raw, _MAX_TAR_READ, tar_path.name, _BLOCK_READS_PER_MEMBER * (max_members + 1))
             # "r:" with our own decompressed stream: tarfile never reads more at once than _Capped allows.
             with tarfile.open(fileobj=stream, mode="r:") as tf:
                 count = total = 0
@@ -126,7 +153,7 @@ def safe_extract(
                         raise ValueError(f"archive {tar_path.name} has more than {max_members} members; {fix}")
                     _check_member(member, root, tar_path.name)
                     if member.isreg():
-                        where = f"archive {tar_path.name} member {member.name!r}"
+                        where = f"archive {tar_path.name} member {_shown(member.name)}"
                         limits.check_size(member.size, max_member_bytes, where, fix)
                         total += member.size
                         limits.check_size(total, max_total_bytes, f"archive {tar_path.name} unpacked", fix)
@@ -152,7 +179,14 @@ def safe_extract(
 def _raise_one_line(e: BaseException, tar_path: Path) -> None:
     """Re-raise an extraction failure as the one-line error the user sees; return for anything else."""
     if isinstance(e, getattr(tarfile, "FilterError", ())):  # only if Python's filter is stricter than ours
-        raise ValueError(f"archive {tar_path.name} member {e.tarinfo.name!r} refused: {e}") from None
+        raise ValueError(f"archive {tar_path.name} member {_shown(e.tarinfo.name)} refused: "
+                         f"{printable(str(e))[:200]}") from None
+    if isinstance(e, RecursionError):  # tarfile recurses once per chained PAX or GNU long-name header
+        raise ValueError(f"archive {tar_path.name} chains thousands of extended headers; it is not a plain tar "
+                         "archive, refusing to extract it") from None
+    if isinstance(e, (IsADirectoryError, NotADirectoryError, FileExistsError)):
+        raise ValueError(f"archive {tar_path.name} has members that clash (a file and a folder of one name: "
+                         f"{e.strerror}); it is damaged or not a dataset archive, delete it") from None
     if isinstance(e, FileNotFoundError) and not tar_path.exists():
         raise FileNotFoundError(f"archive {tar_path} does not exist; check the path") from None
     # Data errors: a stream cut short (EOFError), damaged deflate/xz data, a CRC mismatch (gzip's BadGzipFile,

@@ -95,12 +95,19 @@ def _size_text(n: int) -> str:
     return f"{n} bytes"
 
 
+def _two_sizes(n: int, limit: int) -> tuple[str, str]:
+    """Both sizes rounded alike, or exact where rounding would print one number for both (62.7 kB over 62.7 kB)."""
+    a, b = _size_text(n), _size_text(limit)
+    return (a, b) if a != b else (f"{n:,} bytes", f"{limit:,} bytes")
+
+
 def check_dataset_bytes(nbytes: int, what: str) -> None:
     """Refuse, before allocating, a dataset whose decoded images would take `nbytes`; `what` names the source."""
     limit = max_dataset_bytes()
     if nbytes > limit:
-        raise ValueError(f"{what} would take {_size_text(nbytes)} of memory as decoded images, over the limit of "
-                         f"{_size_text(limit)}; use fewer or smaller images, or raise SPEEDRUN_MAX_DATA_BYTES")
+        size, most = _two_sizes(nbytes, limit)
+        raise ValueError(f"{what} would take {size} of memory as decoded images, over the limit of {most}; use "
+                         "fewer or smaller images, or raise SPEEDRUN_MAX_DATA_BYTES")
 
 
 def check_memory(nbytes: int, what: str, fix: str) -> None:
@@ -115,4 +122,5 @@ def check_memory(nbytes: int, what: str, fix: str) -> None:
 def check_size(nbytes: int, limit: int, what: str, fix: str) -> None:
     """Refuse a member, file or claim of `nbytes` above `limit` (a format's known bound) before reading it."""
     if nbytes > limit:
-        raise ValueError(f"{what} is {_size_text(nbytes)}, over the {_size_text(limit)} that this format holds; {fix}")
+        size, most = _two_sizes(nbytes, limit)
+        raise ValueError(f"{what} is {size}, over the {most} that this format holds; {fix}")

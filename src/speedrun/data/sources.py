@@ -58,6 +58,9 @@ def load_dataset(
     it square. Without it, the images of a folder must share one size.
     Every dataset returned, from the cache or freshly read, has passed `check_dataset` and `check_data_limit`.
     """
+    for name, value in (("dataset", spec), ("data_dir", data_dir), ("cache_dir", cache_dir)):
+        if not isinstance(value, (str, bytes, os.PathLike)) and not (value is None and name != "dataset"):
+            raise ValueError(f"{name}={value!r:.80} is not a path or name; pass a string or a pathlib.Path")
     log = log or _no_log
     limits.max_dataset_bytes()  # a bad SPEEDRUN_MAX_DATA_BYTES is one error now, not a cache "rebuilt" later
     text = os.fsdecode(spec).strip()  # a bytes path that is not UTF-8 keeps its bytes as surrogates

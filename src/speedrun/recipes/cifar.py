@@ -168,10 +168,13 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
     if output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
         fits = [n for n in range(1, len(cfg.widths) + 1)
                 if output_side(side, cfg.widths[:n], cfg.whiten_kernel_px) >= 1]
+        need = 2 ** len(cfg.widths) + cfg.whiten_kernel_px - 1  # the smallest side these groups leave 1 px of
+        fix = (f"use at most {max(fits)} widths (--set widths=...) or images of at least {need} px" if fits else
+               f"use images of at least {need} px")
         raise ValueError(
             f"{h}x{w} images are too small for {len(cfg.widths)} groups: the whitening conv ({cfg.whiten_kernel_px} "
-            f"px) and {len(cfg.widths)} 2x2 pools leave nothing; use at most {max(fits, default=0)} widths "
-            f"(--set widths=...), or larger images (image_size / --image-size for image folders)")
+            f"px) and {len(cfg.widths)} 2x2 pools leave nothing; {fix} (image_size / --image-size for image "
+            "folders)")
     for name, px, limit in (("translate_px", cfg.translate_px, side - 1), ("cutout_px", cfg.cutout_px, side),
                             ("cutmix_px", cfg.cutmix_px, side)):
         if px > limit:
