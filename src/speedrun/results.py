@@ -228,6 +228,45 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
                          "directory or give a path (json_path / --json)") from None
 
 
+def claim_result_path(path: str | Path) -> Path:
+    """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
+    path = Path(path)
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which
+        is_dir = False
+    if is_dir:
+        raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
+        raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
+                         "path (json_path / --json)") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
+                         "(json_path / --json)") from None
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
+                         "(json_path / --json) or move the old file away") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
+                         "(json_path / --json)") from None
+    return path
+
+
+def release_result_path(path: Path) -> None:
+    """Remove a claimed result file that never received a result (it is empty: nothing of the user's is lost)."""
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
 def load_result(path: str | Path) -> dict:
     """A stored result as a dict; a truncated, empty or non-JSON file raises a one-line ValueError naming it."""
     path = Path(path)

@@ -26,7 +26,8 @@ from speedrun.data.loader import steps_for
 from speedrun.engine import Diverged, resolve_device
 from speedrun.errors import warn
 from speedrun.recipes import cifar
-from speedrun.results import default_result_path, environment, write_json
+from speedrun.results import (claim_result_path, default_result_path, environment, release_result_path,
+                              write_json)
 from speedrun.stats import summarize
 
 
@@ -314,7 +315,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     finally:
         show.close()
         if json_path is not None and not written:
-            _release(Path(json_path))
+            release_result_path(Path(json_path))
 
 
 @contextlib.contextmanager
@@ -331,45 +332,6 @@ def _signals_held():
     finally:
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
-
-
-def claim_result_path(path: str | Path) -> Path:
-    """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
-    path = Path(path)
-    try:
-        is_dir = path.is_dir()
-    except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which
-        is_dir = False
-    if is_dir:
-        raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
-        raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
-                         "path (json_path / --json)") from None
-    except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
-                         "(json_path / --json)") from None
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    except FileExistsError:
-        raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
-                         "(json_path / --json) or move the old file away") from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
-        reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
-                         "(json_path / --json)") from None
-    return path
-
-
-def _release(path: Path) -> None:
-    """Remove a claimed result file that never received a result (it is empty: nothing of the user's is lost)."""
-    try:
-        if path.stat().st_size == 0:
-            path.unlink()
-    except OSError:
-        pass
 
 
 def print_recipes(file=sys.stdout) -> None:
