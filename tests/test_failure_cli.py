@@ -481,3 +481,35 @@ def test_a_second_signal_waits_until_the_interrupted_result_is_written():
         time.sleep(0.05)
         steps.append("written")  # reached: the signal did not interrupt the block
     assert steps == ["written"] and signal.getsignal(signal.SIGINT) is handler
+
+
+@pytest.mark.parametrize("key", ["lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr"])
+def test_learning_rates_that_weight_decay_divides_by_cannot_be_zero(key, capsys, tmp_path, no_run):
+    """Decoupled weight decay is wd / lr: lr 0 passed the old >= 0 check and divided by zero mid-setup."""
+    code = main(["train", *TINY, "--set", "optimizer=muon", "--set", f"{key}=0", "--json", str(tmp_path / "r.json")])
+    _one_line_error(capsys, code, "must be > 0")
+
+
+def test_a_result_name_near_the_length_limit_is_written(tmp_path):
+    """The temporary file write_json renames from is named apart from the result: a 240-character result name
+    used to claim fine, train, and then fail on its 255+-character temporary file, losing the run."""
+    out = tmp_path / ("k" * 240 + ".json")
+    assert main(["train", *TINY, "--json", str(out), "--quiet"]) == 0
+    assert _strict(out.read_text())["complete"] is True
+
+
+def test_results_dir_with_a_tilde_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPEEDRUN_RESULTS", "~/res")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY, "--quiet"]) == 0
+    assert len(list((tmp_path / "home" / "res").glob("*.json"))) == 1 and not (tmp_path / "~").exists()
+
+
+def test_recipes_into_a_closed_pipe_or_a_full_disk():
+    closed = subprocess.run(f"{sys.executable} -m speedrun recipes | head -c 0", shell=True, capture_output=True,
+                            text=True, timeout=60)
+    assert "Traceback" not in closed.stderr
+    full = subprocess.run([sys.executable, "-m", "speedrun", "recipes"], stdout=open("/dev/full", "w"),
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    assert full.returncode == 2 and full.stderr == "speedrun: error: cannot write the list (No space left on device)\n"

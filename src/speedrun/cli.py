@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shlex
 import signal
@@ -135,7 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "recipes":
         from speedrun import runs
 
-        runs.print_recipes()
+        try:
+            runs.print_recipes()
+        except BrokenPipeError:  # `speedrun recipes | head -0`: the reader left; so do we, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
+            return 128 + signal.SIGPIPE
+        except OSError as exc:  # a full disk under `> file`
+            print(f"speedrun: error: cannot write the list ({exc.strerror})", file=sys.stderr)
+            return EXIT_USAGE
         return 0
     from speedrun.errors import Terminated
 
@@ -148,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speedrun: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
-        text = str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename}"
+        if exc.strerror is None:
+            text = str(exc)
+        else:  # a write to stdout or a full disk has no file name to show
+            where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
+            fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
+            text = f"{exc.strerror}{where}{fix}"
         print(f"speedrun: error: {_one_line(text)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated

@@ -160,7 +160,8 @@ def write_json(path: str | Path, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=False, default=_to_json, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # A short temporary name: the result's own name may be near the file system's 255-character limit.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speedrun-result-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -205,7 +206,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     """
     if root is None:
         root = os.environ.get("SPEEDRUN_RESULTS") or "results"
-    root = Path(root)
+    root = Path(root).expanduser()  # as SPEEDRUN_DATA: a literal "~" folder invites a later `rm -rf ~`
     dataset_name = os.path.basename(str(dataset).rstrip("/\\")) or str(dataset)
     try:
         dataset_slug = _slug(dataset_name[:64], "dataset")
@@ -230,7 +231,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
 
 def claim_result_path(path: str | Path) -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
-    path = Path(path)
+    path = Path(path).expanduser()
     try:
         is_dir = path.is_dir()
     except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which

@@ -118,9 +118,10 @@ class CifarConfig:
             if isinstance(value, float) and abs(value) > MAX_FLOAT_SETTING:
                 raise ValueError(f"bad config: {f.name}={value:g} is outside [-{MAX_FLOAT_SETTING:g}, "
                                  f"{MAX_FLOAT_SETTING:g}]")
-        nonneg = ("lr_per_1024", "weight_decay_per_1024", "bias_lr_mult", "lr_start_mult", "lr_end_mult",
-                  "muon_lr", "muon_bias_lr", "muon_head_lr", "muon_weight_decay_per_example", "whiten_bias_epochs",
-                  "translate_px", "cutout_px", "cutmix_px")
+        nonneg = ("weight_decay_per_1024", "lr_start_mult", "lr_end_mult", "muon_lr",
+                  "muon_weight_decay_per_example", "whiten_bias_epochs", "translate_px", "cutout_px", "cutmix_px")
+        # Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0.
+        positive = ("lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr")
         checks = [
             (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
             (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
@@ -135,6 +136,7 @@ class CifarConfig:
             (self.logit_scale > 0, "logit_scale must be > 0"),
             (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1], e.g. 0.94"),
             (all(getattr(self, k) >= 0 for k in nonneg), f"{', '.join(nonneg)} must be >= 0"),
+            (all(getattr(self, k) > 0 for k in positive), f"{', '.join(positive)} must be > 0"),
             (1 <= self.lookahead_every_steps <= 10**6 and 0 <= self.lookahead_base <= 1,
              "lookahead_every_steps must be in [1, 1000000] and lookahead_base in [0, 1]"),
             (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
