@@ -513,3 +513,33 @@ def test_recipes_into_a_closed_pipe_or_a_full_disk():
     full = subprocess.run([sys.executable, "-m", "speedrun", "recipes"], stdout=open("/dev/full", "w"),
                           stderr=subprocess.PIPE, text=True, timeout=60)
     assert full.returncode == 2 and full.stderr == "speedrun: error: cannot write the list (No space left on device)\n"
+
+
+def test_message_details(capsys, tmp_path, monkeypatch, no_run):
+    """Lines stay short whatever is echoed; sizes are exact where rounding would print one number for both; a net
+    too deep for any width count says the image size it needs."""
+    from speedrun.data import limits
+
+    code = main(["train", "--dataset", "x" * 100_000, "--device", "cpu", "--json", str(tmp_path / "a.json")])
+    err = _one_line_error(capsys, code, "characters]...")
+    assert len(err) < 1100
+    monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", "62720")
+    with pytest.raises(ValueError, match=r"62,721 bytes of memory as decoded images, over the limit of 62,720 bytes"):
+        limits.check_dataset_bytes(62_721, "x")
+    code = main(["train", "--dataset", "synthetic:train=64,test=16,shape=3x1x1", "--device", "cpu",
+                 "--json", str(tmp_path / "b.json")])
+    _one_line_error(capsys, code, "use images of at least 9 px")
+
+
+def test_a_full_disk_under_the_output_names_the_fix(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "speedrun", "train", *TINY, "--json", str(tmp_path / "r.json")],
+                          stdout=open("/dev/full", "w"), stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == ("speedrun: error: No space left on device (writing the output or a "
+                                            "result); free disk space and run again")
+    assert _strict((tmp_path / "r.json").read_text())["complete"] is True  # the result was written before
+
+
+def test_the_smoke_summary_says_no_tta(capsys, tmp_path):
+    assert main(["train", *TINY, "--smoke", "--quiet", "--json", str(tmp_path / "r.json")]) == 0
+    assert "final evaluation without TTA" in capsys.readouterr().out
