@@ -39,7 +39,7 @@ def _set_parts() -> dict:
     literals = ["flip", "activation", "optimizer", "precision", "channels_last", "compile_mode"]
     good = st.one_of(
         st.tuples(st.sampled_from(["label_smoothing", "lookahead_base", "lr_per_1024", "weight_decay_per_1024"]),
-                  st.floats(0.0, 0.5)).map(lambda kv: f"{kv[0]}={kv[1]:.6g}"),
+                  st.floats(0.01, 0.5)).map(lambda kv: f"{kv[0]}={kv[1]:.6g}"),
         st.sampled_from(["flip=random", "flip=none", "lookahead=false", "tta_level=1", "activation=relu",
                          "optimizer=muon", "precision=fp32", "channels_last=off", "compile_mode=default",
                          "whiten_init=no", "cutout_px=3", "widths=8,8", "eval_each_epoch=false"]))
@@ -54,7 +54,8 @@ def _set_parts() -> dict:
         st.tuples(st.sampled_from(literals), st.sampled_from(["bogus", "", "NONE", "o n"]))
         .map(lambda kv: f"{kv[0]}={kv[1]}"),
         st.sampled_from(["widths=8,16,100000", "widths=", "tta_level=3", "bn_eps=0", "translate_px=-1",
-                         "label_smoothing=1", "momentum=1", "convs_per_group=4", "muon_ns_steps=0"]))
+                         "lr_per_1024=0", "label_smoothing=1", "momentum=1", "convs_per_group=4",
+                         "muon_ns_steps=0"]))
     either = st.tuples(st.sampled_from(sorted(FIELDS)), st.text(max_size=12)).map(lambda kv: f"{kv[0]}={kv[1]}")
     return {k: v.map(lambda item: ["--set", item]) for k, v in (("good", good), ("bad", bad), ("either", either))}
 
