@@ -32,6 +32,10 @@ def _secs(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def _final(tta_level: int) -> str:
+    return f"final evaluation with TTA level {tta_level}" if tta_level else "final evaluation without TTA"
+
+
 def _console(stream) -> Console:
     tty = hasattr(stream, "isatty") and stream.isatty()
     return Console(file=stream) if tty else Console(file=stream, width=_WIDE, soft_wrap=True)
@@ -121,8 +125,8 @@ class Display:
                                    f"{time.perf_counter() - start:.1f} s", highlight=False)
 
             yield on_step, on_epoch
-        final = "with TTA level " + str(tta_level) if tta_level else "without TTA"
-        self.err.print(f"(last row: final test accuracy, {final}; timed s: the timed region so far)", highlight=False)
+        self.err.print(f"(last row: test accuracy of the {_final(tta_level)}; timed s: the timed region so far)",
+                       highlight=False)
 
     def summary(self, result) -> None:
         if not self.show_summary or not result.runs:
@@ -149,9 +153,8 @@ class Display:
             caption.append(f"Interrupted after {len(result.runs)} of {result.runs_requested} runs.")
         if len(result.finished) == 1:
             caption.append("One run has no spread: std and interval are n/a.")
-        tta = result.config.get("tta_level", 0)
-        final = f"final evaluation with TTA level {tta}" if tta else "final evaluation without TTA"
-        caption.append(f"Timed region: whitening init + training + {final}; data loading "
+        caption.append(f"Timed region: whitening init + training + {_final(result.config.get('tta_level', 0))}; "
+                       "data loading "
                        f"({result.data_seconds:.1f} s) and warm-up ({result.warmup_seconds:.1f} s) excluded.")
         table.caption = " ".join(caption)
         self.out.print(table)

@@ -243,20 +243,21 @@ def claim_result_path(path: str | Path) -> Path:
     except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
         raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
                          "path (json_path / --json)") from None
-    except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
-                         "(json_path / --json)") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
+        raise _cannot_create(path, e) from None
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
                          "(json_path / --json) or move the old file away") from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
-        reason = e.strerror if isinstance(e, OSError) else str(e)
-        raise ValueError(f"cannot create the result file {path} ({reason}); choose a writable path "
-                         "(json_path / --json)") from None
+    except (OSError, ValueError) as e:
+        raise _cannot_create(path, e) from None
     return path
+
+
+def _cannot_create(path: Path, e: OSError | ValueError) -> ValueError:
+    reason = e.strerror if isinstance(e, OSError) else str(e)
+    return ValueError(f"cannot create the result file {path} ({reason}); choose a writable path (json_path / --json)")
 
 
 def release_result_path(path: Path) -> None:

@@ -275,6 +275,11 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 write_json(json_path, result.to_dict())
                 written = True
 
+        def report() -> None:
+            show.summary(result)
+            if json_path is not None:
+                show.line(f"result: {json_path}")
+
         try:
             try:
                 result.warmup_seconds = rec.warmup(cfg, data, dev)
@@ -304,13 +309,9 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
             with _signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
                 save()
-            show.summary(result)
-            if json_path is not None:
-                show.line(f"result: {json_path}")
+            report()
             raise
-        show.summary(result)
-        if json_path is not None:
-            show.line(f"result: {json_path}")
+        report()
         return result
     finally:
         show.close()
