@@ -329,7 +329,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
         ab_context = (functools.partial(airbench_on_cpu, train94.__globals__["CifarLoader"]) if args.on_cpu
                       else airbench_cudnn)
         if warm_up:
-            ours_meta["warmup_seconds"] = rec.warmup(cfg, data, device)
+            ours_meta["warmup_seconds"] = rec.module().warmup(cfg, data, device)
             if train94 is not None:
                 start = time.perf_counter()
                 with contextlib.chdir(work), ab_context():
@@ -345,7 +345,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
                 theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
                 log(f"{msg}  airbench {100 * acc:.2f}% {secs:.3f} s")
                 save(i)
-            r = rec.run(cfg, data, device, i)
+            r = rec.module().train_run(cfg, data, device, i)
             ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
             log(f"{msg}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s")
             save(i + 1)

@@ -41,8 +41,8 @@ def no_run(monkeypatch):
         started.append(args)
         raise AssertionError("a run started for an input that must be refused")
 
-    for name, rec in list(runs.RECIPES.items()):
-        monkeypatch.setitem(runs.RECIPES, name, runs.dataclasses.replace(rec, run=run, warmup=lambda *a: 0.0))
+    monkeypatch.setattr(cifar, "train_run", run)  # every recipe so far is of the cifar family
+    monkeypatch.setattr(cifar, "warmup", lambda *a, **k: 0.0)
     return started
 
 
@@ -129,8 +129,7 @@ def test_the_cpu_allocators_error_is_out_of_memory_not_a_bug(monkeypatch, capsys
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
                            "tried to allocate 2130739200 bytes")
 
-    rec = runs.RECIPES["cifar10-94"]
-    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=cannot_allocate))
+    monkeypatch.setattr(cifar, "train_run", cannot_allocate)
     code = main(["train", *TINY, "--json", str(tmp_path / "r.json"), "--quiet"])
     _one_line_error(capsys, code, "out of memory (")
 
@@ -152,8 +151,7 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("something\nbroke")
 
-    rec = runs.RECIPES["cifar10-94"]
-    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=broken))
+    monkeypatch.setattr(cifar, "train_run", broken)
     assert main(["train", *TINY, "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "internal error: RuntimeError: something broke" in err
@@ -199,15 +197,15 @@ def test_unwritable_results_dir_fails_before_training(capsys, tmp_path, monkeypa
 def test_result_is_rewritten_after_every_run(tmp_path, monkeypatch):
     """A crash in run 3 keeps runs 1 and 2 in the file, marked incomplete."""
     calls = []
+    real_run = cifar.train_run
 
     def run_then_crash(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("boom")
-        return cifar.train_run(*args, **kwargs)
+        return real_run(*args, **kwargs)
 
-    rec = runs.RECIPES["cifar10-94"]
-    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=run_then_crash))
+    monkeypatch.setattr(cifar, "train_run", run_then_crash)
     out = tmp_path / "r.json"
     assert main(["train", *TINY, "--runs", "4", "--json", str(out), "--quiet"]) == 1
     result = _strict(out.read_text())
@@ -241,8 +239,7 @@ def test_interrupt_before_any_run_leaves_no_empty_claim(tmp_path, monkeypatch, c
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    rec = runs.RECIPES["cifar10-94"]
-    monkeypatch.setitem(runs.RECIPES, "cifar10-94", runs.dataclasses.replace(rec, run=interrupt))
+    monkeypatch.setattr(cifar, "train_run", interrupt)
     out = tmp_path / "r.json"
     assert main(["train", *TINY, "--json", str(out), "--quiet"]) == 130
     assert not out.exists()

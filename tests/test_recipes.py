@@ -20,7 +20,7 @@ def test_every_recipe_runs_two_steps_on_tiny_synthetic_data(name):
     # The recipe's own network and tricks; only batch and length shrink to two steps.
     cfg = make_config(recipe, None, {"batch_size": 32, "whiten_images": 32, "eval_each_epoch": False})
     cfg = dataclasses.replace(cfg, epochs=1.0)
-    result = recipe.run(cfg, data, CPU, seed=0)
+    result = recipe.module().train_run(cfg, data, CPU, seed=0)
     assert result.steps == 2
     assert 0.0 <= result.accuracy <= 1.0 and result.train_seconds > 0
     assert len(result.history) == 1 and result.history[0]["step"] == 2

@@ -3,13 +3,14 @@
 Public API:
     speedrun.train(recipe="cifar10-94", dataset="cifar10", device="auto", epochs=None, runs=1, seed=0,
                    **config_overrides) -> Result
+    speedrun.load(path, device="cpu") -> TrainedModel   (a network saved by train(save=...) / --save)
 Nothing here runs at import time; torch is imported only when train() is called.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["train", "Result", "RECIPES"]
+__all__ = ["train", "Result", "RECIPES", "load"]
 
 
 def __getattr__(name: str):
@@ -18,4 +19,8 @@ def __getattr__(name: str):
         from speedrun import runs
 
         return getattr(runs, name)
+    if name == "load":
+        from speedrun import saved
+
+        return saved.load
     raise AttributeError(f"module 'speedrun' has no attribute {name!r}")

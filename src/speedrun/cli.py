@@ -63,8 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speedrun", description="Train neural networks as fast as the hardware allows.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    t = sub.add_parser("train", help="train a recipe for N seeds and report statistics")
-    t.add_argument("recipe", nargs="?", default="cifar10-94", help="recipe name (default cifar10-94)")
+    from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
+
+    t = sub.add_parser("train", help="train a recipe for N seeds and report statistics",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="recipes:\n  " + "\n  ".join(recipe_lines()) +
+                              "\n\nUnder torchrun (torchrun --nproc_per_node=K -m speedrun train ...) every process "
+                              "takes 1/K of each batch; see the README.")
+    t.add_argument("recipe", nargs="?", default="cifar10-94", help="recipe name (default cifar10-94; listed below)")
     t.add_argument("--dataset", default=None,
                    help="cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...], or a path "
                         "(image folder ROOT/{train,test}/<class>/, CIFAR batches or archive, IDX files)")
@@ -82,15 +88,43 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--smoke", action="store_true",
                    help="pipeline check in seconds: a few steps, 1000 test images, no TTA; not a result")
     t.add_argument("--quiet", action="store_true", help="print only the summary table (and warnings)")
+    t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save the training state in DIR (off by default; outside the timed region)")
+    t.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint every STEPS steps (default: ten times a run), and always at a run's end")
+    t.add_argument("--keep-checkpoints", type=int, default=2, metavar="K", help="keep the newest K (default 2)")
+    t.add_argument("--resume", default=None, metavar="PATH|auto",
+                   help="continue from a checkpoint file, or 'auto': the newest usable one in --checkpoint-dir")
+    t.add_argument("--save", default=None, metavar="PATH",
+                   help="write the trained network: PATH.safetensors + PATH.json (for eval, predict, speedrun.load)")
+    e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
+    e.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
+    e.add_argument("--dataset", required=True, help="as for train: a name or a path")
+    e.add_argument("--data-dir", default=None, help="where a named dataset's files already are")
+    e.add_argument("--image-size", type=int, default=None, metavar="PX", help="image folders: resize as for train")
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    e.add_argument("--json", default=None, help="also write the result to this new file")
+    p = sub.add_parser("predict", help="top classes of image files under a saved model")
+    p.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     sub.add_parser("recipes", help="list the recipes")
     return parser
+
+
+def _prog() -> str:
+    """'speedrun', or 'speedrun[rank R]' in a torchrun worker other than rank 0: a failure on any rank ends the
+    job with that rank's one line, and the line says which."""
+    rank, size = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return "speedrun" if rank == "0" or size == "1" else f"speedrun[rank {_one_line(rank)[:8]}]"
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     from speedrun.errors import SpeedrunWarning
 
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
-    print(f"speedrun: warning: {_one_line(message)}{kind}", file=sys.stderr)
+    print(f"{_prog()}: warning: {_one_line(message)}{kind}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -126,7 +160,9 @@ def _train(args, argv: list[str]) -> int:
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
                         json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
-                        command=shlex.join(["speedrun", *argv]), overrides=overrides)
+                        command=shlex.join(["speedrun", *argv]), checkpoint_dir=args.checkpoint_dir,
+                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+                        resume=args.resume, save=args.save, overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 
@@ -147,13 +183,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from speedrun.errors import Terminated
 
+    prog = _prog()
     # Everything from here on, the imports of torch and the data included (a second or more), is inside the
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
         with _cli_signals_and_warnings():
+            if args.command == "eval":
+                from speedrun import saved
+
+                return saved.eval_command(args)
+            if args.command == "predict":
+                from speedrun import saved
+
+                return saved.predict_command(args)
             return _train(args, argv)
     except ValueError as exc:
-        print(f"speedrun: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
         if exc.strerror is None:
@@ -162,25 +207,42 @@ def main(argv: list[str] | None = None) -> int:
             where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
             fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
             text = f"{exc.strerror}{where}{fix}"
-        print(f"speedrun: error: {_one_line(text)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(text)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
         where = (f"{kept} finished run(s) kept in {path}" if kept and path else
                  f"{kept} finished run(s), no result file asked for" if kept else "no run had finished")
-        print(f"speedrun: {what}; {_one_line(where)}", file=sys.stderr)
+        if getattr(exc, "checkpoint_dir", None) is not None:
+            where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
+        if prog != "speedrun":  # rank 0 reports the interrupt for the job
+            return 143 if isinstance(exc, Terminated) else 130
+        print(f"{prog}: {what}; {_one_line(where)}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
         if _out_of_memory(exc):
-            print(f"speedrun: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
+            print(f"{prog}: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
                   "(--set ...), or use fewer or smaller images", file=sys.stderr)
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
-        print(f"speedrun: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
+        if _peer_lost(exc):
+            print(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
+                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]})", file=sys.stderr)
+            return EXIT_INTERNAL
+        print(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
               "SPEEDRUN_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    """A collective failed because a peer process died (gloo's dropped connection, NCCL's DistBackendError)."""
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        return False
+    text = str(exc)
+    return type(exc).__name__ == "DistBackendError" or (isinstance(exc, RuntimeError) and any(
+        s in text for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo")))
 
 
 def entry() -> int:

@@ -127,3 +127,25 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set batch_size=512")
         out[key.strip()] = value.strip()
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemConfig:
+    """Device-side settings every recipe family shares (torchtitan's reusable sections): how the work runs, not
+    what is trained. A family's Config inherits them, so `--set precision=bf16` means the same in every family.
+    engine.setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
+
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
+    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU, off for MPS
+    compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
+        "max-autotune-no-cudagraphs"  # torch.compile's modes
+    cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
+    check_finite_loss: bool = True  # stop a run within one step of its loss turning NaN/inf (engine.FiniteLossGuard)
+    # Under torchrun: BatchNorm normalizes each process's share of the batch by that share's statistics unless
+    # this is on (SyncBatchNorm: statistics over the global batch, an all-reduce per BN layer; CUDA only).
+    sync_bn: bool = False
+
+
+# System settings that change how fast a run goes, never what it computes: a resumed run may change them.
+SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss"})

@@ -153,8 +153,7 @@ class Display:
             caption.append(f"Interrupted after {len(result.runs)} of {result.runs_requested} runs.")
         if len(result.finished) == 1:
             caption.append("One run has no spread: std and interval are n/a.")
-        caption.append(f"Timed region: whitening init + training + {_final(result.config.get('tta_level', 0))}; "
-                       "data loading "
-                       f"({result.data_seconds:.1f} s) and warm-up ({result.warmup_seconds:.1f} s) excluded.")
+        caption.append(f"Timed region: {result.timed_region}. Data loading ({result.data_seconds:.1f} s) and warm-up "
+                       f"({result.warmup_seconds:.1f} s) are reported apart.")
         table.caption = " ".join(caption)
         self.out.print(table)

@@ -5,19 +5,80 @@ No training loop lives here (STYLE.md habit 2): each recipe writes its own loop 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
+import signal
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from speedrun import dist
 from speedrun.data.loader import normalize
+from speedrun.errors import Terminated
+from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
+                                      set_cudnn_benchmark, to_channels_last)
 from speedrun.tricks.tta import tta_logits
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+@dataclass
+class RunResult:
+    """One training run, as every family's train_run returns it."""
+
+    seed: int
+    accuracy: float | None  # final test accuracy (with the recipe's TTA), fraction; None for a diverged run
+    train_seconds: float | None  # the timed region; None for a diverged run
+    epochs: float
+    steps: int  # steps taken (for a diverged run: up to the step whose loss was not finite)
+    history: list[dict] = field(default_factory=list)  # one row per epoch
+    model: nn.Module | None = None  # the trained, unwrapped model (not serialized)
+    diverged: dict | None = None  # Diverged.to_dict() when the loss became NaN/inf
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (the model is not serialized)."""
+        return {"seed": self.seed, "accuracy": self.accuracy, "train_seconds": self.train_seconds,
+                "epochs": self.epochs, "steps": self.steps, "diverged": self.diverged, "history": self.history}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunResult:
+        return cls(seed=d["seed"], accuracy=d["accuracy"], train_seconds=d["train_seconds"], epochs=d["epochs"],
+                   steps=d["steps"], history=list(d["history"]), diverged=d["diverged"])
+
+
+@dataclass(frozen=True)
+class System:
+    """config.SystemConfig resolved for one device: what a loop uses."""
+
+    device: torch.device
+    precision: str  # "fp32", "bf16" or "fp16"
+    channels_last: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.precision]
+
+    def amp(self) -> contextlib.AbstractContextManager:
+        return autocast(self.device, self.precision)
+
+    def prepare(self, model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
+        """The model in this layout on the device, and its forward (compiled when cfg.compile); cuDNN's autotuner
+        set as cfg says. Both share parameters."""
+        model = to_channels_last(model.to(self.device), self.channels_last)
+        set_cudnn_benchmark(self.device, cfg.cudnn_benchmark)
+        return model, maybe_compile(model, cfg.compile, cfg.compile_mode)
+
+
+def setup_system(cfg, device: torch.device) -> System:
+    """Every family's shared settings (config.SystemConfig), resolved once, in one place."""
+    return System(device, resolve_precision(cfg.precision, device), resolve_channels_last(cfg.channels_last, device))
 
 
 def _mps_available() -> bool:
@@ -47,6 +108,27 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Every global random generator (a checkpoint restores them all, though the recipes' loops draw from their
+    own seeded generators). numpy's state becomes a tensor and ints, which a checkpoint stores without pickle."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 def synchronize(device: torch.device) -> None:
@@ -108,66 +190,138 @@ class Diverged(RuntimeError):
                 "message": str(self)}
 
 
+class StopRequest:
+    """A SIGINT or SIGTERM received during training, acted on at the next step boundary (see stop_at_step_end)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def interrupt(self) -> KeyboardInterrupt:
+        """The exception that ends the command: Terminated (exit 143) for SIGTERM, else KeyboardInterrupt (130).
+        `in_step`: every process stops at this same step (FiniteLossGuard agrees on it), so they may wait for each
+        other on the way out (dist.shutdown)."""
+        exc = Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
+        exc.in_step = True
+        return exc
+
+
+@contextlib.contextmanager
+def stop_at_step_end():
+    """Inside the block, SIGINT and SIGTERM do not interrupt: they are recorded in the yielded StopRequest, and the
+    loop stops after its current step, with a consistent state to checkpoint (an exception mid-step would leave the
+    optimizers half-stepped). Later signals change nothing: the run is already stopping, and torchrun forwards the
+    terminal's Ctrl-C to its workers a second time. Only the main thread may set handlers; elsewhere signals keep
+    their usual effect."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def record(signum, frame):
+        if request.signum is None:
+            request.signum = signum
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+
+
 class FiniteLossGuard:
     """Stops a run within one step of its loss turning NaN or inf (a diverged run would otherwise finish as a
-    normal result near chance accuracy).
+    normal result near chance accuracy), and tells the loop when to stop for a signal.
 
     On the CPU and MPS the check reads the loss at once. On CUDA reading it would drain the queue every step, so
     each step's loss is copied into pinned host memory behind a CUDA event, and the previous step's value is read
     after the current step has been queued: the GPU stays busy with step s while the CPU checks step s - 1, and a
     divergence at step s - 1 stops the run before step s + 1 is queued. `finish()` checks the last step.
+
+    Under torchrun every process must stop at the same step (a process that leaves the loop early would leave the
+    others waiting in the next all-reduce): the loss and the stop flag travel together in one 2-element sum across
+    processes, so a NaN or a signal on any process stops all of them at the same step.
     """
 
-    def __init__(self, device: torch.device, total_steps: int, lr_name: str, enabled: bool = True):
+    def __init__(self, device: torch.device, total_steps: int, lr_name: str, enabled: bool = True,
+                 world: dist.World | None = None, stop: StopRequest | None = None):
         self.device, self.total_steps, self.lr_name, self.enabled = device, total_steps, lr_name, enabled
+        self.world, self.stop = world or dist.World(), stop or StopRequest()
         self._pending: tuple[int, float, torch.Tensor, torch.cuda.Event] | None = None
-        if enabled and device.type == "cuda":
-            self._slots = [torch.empty((), dtype=torch.float32, pin_memory=True) for _ in range(2)]
+        self._many = self.world.size > 1
+        if device.type == "cuda" and (enabled or self._many):
+            self._slots = [torch.empty(2, dtype=torch.float32, pin_memory=True) for _ in range(2)]
 
     def _raise_if_bad(self, step: int, loss: float, lr: float) -> None:
-        if not math.isfinite(loss):
+        if self.enabled and not math.isfinite(loss):
             raise Diverged(step, self.total_steps, loss, lr, self.lr_name)
 
-    def check(self, step: int, loss: torch.Tensor, lr: float) -> None:
-        """`loss` is step `step`'s loss (a 0-d tensor, still on the device); `lr` the lr it was taken with."""
-        if not self.enabled:
-            return
+    def check(self, step: int, loss: torch.Tensor, lr: float) -> bool:
+        """`loss` is step `step`'s loss (a 0-d tensor, still on the device); `lr` the lr it was taken with.
+
+        Returns True when the loop should stop after this step for a signal (on any process)."""
+        if not self._many:
+            if self.enabled and self.device.type != "cuda":
+                self._raise_if_bad(step, loss.item(), lr)
+            elif self.enabled:
+                self._queue(step, loss.detach().float().reshape(1), lr)
+            return self.stop.signum is not None
+        flag = torch.tensor([0.0 if self.stop.signum is None else 1.0], device=self.device)
+        packet = torch.cat([loss.detach().float().reshape(1) if self.enabled else torch.zeros_like(flag), flag])
+        dist.sum_(packet, self.world)  # (2,): summed loss, number of processes asked to stop
         if self.device.type != "cuda":
-            self._raise_if_bad(step, loss.item(), lr)
-            return
+            self._raise_if_bad(step, packet[0].item(), lr)
+            return packet[1].item() > 0
+        read = self._queue(step, packet, lr)
+        return read is not None and read[1] > 0
+
+    def _queue(self, step: int, values: torch.Tensor, lr: float) -> tuple[float, float] | None:
+        """Copy this step's values to pinned memory behind an event; read and check the previous step's."""
         slot = self._slots[step % 2]
-        slot.copy_(loss.detach().float(), non_blocking=True)
+        slot[:len(values)].copy_(values, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         previous, self._pending = self._pending, (step, lr, slot, event)
-        if previous is not None:
-            prev_step, prev_lr, prev_slot, prev_event = previous
-            prev_event.synchronize()
-            self._raise_if_bad(prev_step, prev_slot.item(), prev_lr)
+        if previous is None:
+            return None
+        prev_step, prev_lr, prev_slot, prev_event = previous
+        prev_event.synchronize()
+        loss, flag = prev_slot.tolist()
+        self._raise_if_bad(prev_step, loss, prev_lr)
+        return loss, flag
 
     def finish(self) -> None:
         if self._pending is not None:
             step, lr, slot, event = self._pending
             self._pending = None
             event.synchronize()
-            self._raise_if_bad(step, slot.item(), lr)
+            self._raise_if_bad(step, slot[0].item(), lr)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
              std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,
-             batch_size: int = 2000, autocast=None) -> float:
-    """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device."""
+             batch_size: int = 2000, autocast=None, world: dist.World | None = None) -> float:
+    """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device.
+
+    Under torchrun each process scores a contiguous 1/K of the images and the counts are summed. `model` must be
+    the bare (or compiled) module, not DDP's wrapper, whose forward would synchronize buffers across processes
+    that run different numbers of batches here.
+    """
+    world = world or dist.World()
+    n = len(images)
+    lo, hi = n * world.rank // world.size, n * (world.rank + 1) // world.size
     was_training = model.training
     model.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=images.device)
-    for start in range(0, len(images), batch_size):
-        x = normalize(images[start:start + batch_size], mean, std, dtype, channels_last)
-        if autocast is None:
+    counts = torch.zeros(2, dtype=torch.int64, device=images.device)  # correct, seen
+    for start in range(lo, hi, batch_size):
+        stop = min(start + batch_size, hi)
+        x = normalize(images[start:stop], mean, std, dtype, channels_last)
+        with (autocast() if autocast is not None else contextlib.nullcontext()):
             logits = tta_logits(model, x, tta_level)
-        else:
-            with autocast():
-                logits = tta_logits(model, x, tta_level)
-        correct += (logits.argmax(1) == labels[start:start + batch_size]).sum()
+        counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
+        counts[1] += stop - start
     model.train(was_training)
-    return correct.item() / len(images)
+    dist.sum_(counts, world)
+    correct, seen = counts.tolist()
+    return correct / seen

@@ -248,6 +248,16 @@ def _read(path: str, image_size: int | None, ref: tuple[str, tuple[int, int]] | 
         return np.asarray(out)
 
 
+def decode_one(path: str, image_size: int | None = None) -> np.ndarray:
+    """One image file as uint8 (1, H, W) if it has no colour, else (3, H, W), under the same limits and with the same
+    resize as `decode` (for `speedrun predict`). A file that cannot be used raises one ValueError naming it."""
+    try:
+        pixels = _read(path, image_size, None)
+    except _Refused as e:
+        raise ValueError(str(e)) from None
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
 def _decode_into(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int | None,
                  ref: tuple[str, tuple[int, int]] | None) -> None:
     """Decode paths into out (n, 3, H, W); grey images fill channel 0 only and set their `gray` flag."""

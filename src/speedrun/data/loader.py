@@ -69,12 +69,16 @@ class DeviceLoader:
 
     images: (N, C, H, W) uint8; labels: (N,) int64. inputs: (B, C, H, W) `dtype`, standardized by the training
     set's channel statistics. targets: (B,) int64 labels, or (B, K) float probabilities when cutmix is on.
+    share: under torchrun, this process's slice of every global batch (dist.share): every process cuts the same
+    global batches from the same permutation and keeps its part, so K processes see exactly the examples, and the
+    augmentations, of one process.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, epochs: float,
                  num_classes: int, device: torch.device, mean: torch.Tensor, std: torch.Tensor,
                  dtype: torch.dtype = torch.float32, channels_last: bool = False, flip: str = "none",
-                 translate_px: int = 0, cutout_px: int = 0, cutmix_px: int = 0, seed: int = 0):
+                 translate_px: int = 0, cutout_px: int = 0, cutmix_px: int = 0, seed: int = 0,
+                 share: slice | None = None):
         n, _, h, w = images.shape
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -89,7 +93,7 @@ class DeviceLoader:
         self.batch_size, self.num_classes, self.device = batch_size, num_classes, device
         self.mean, self.std, self.dtype, self.channels_last = mean, std, dtype, channels_last
         self.flip, self.translate_px, self.cutout_px, self.cutmix_px = flip, translate_px, cutout_px, cutmix_px
-        self.seed = seed
+        self.seed, self.share = seed, share
         self.steps = steps_for(epochs, n, batch_size)
         # One coin per image for the whole run: alternating flip derives every epoch's flips from it.
         self._flip_base = torch.rand(n, generator=_generator(seed, -1)) < 0.5
@@ -135,9 +139,14 @@ class DeviceLoader:
         return self.steps
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, pos = 0, 0
-        x, y, corners = self._epoch(0)
-        for _ in range(self.steps):
+        return self.batches(0)
+
+    def batches(self, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches from step `start_step` on: each is a pure function of (seed, step), so a resumed run
+        continues with exactly the batches an uninterrupted one would have seen."""
+        epoch, pos = divmod(start_step * self.batch_size, self.num_examples)
+        x, y, corners = self._epoch(epoch)
+        for _ in range(start_step, self.steps):
             parts = []
             need = self.batch_size
             while need > 0:  # a batch may straddle epochs (more than two when batch_size > N)
@@ -148,7 +157,15 @@ class DeviceLoader:
                 parts.append((x[pos:pos + take], y[pos:pos + take], corners[:, pos:pos + take]))
                 pos, need = pos + take, need - take
             if len(parts) == 1:
-                yield self._finish(*parts[0])
+                bx, by, bc = parts[0]
             else:
-                yield self._finish(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                                   torch.cat([p[2] for p in parts], dim=1))
+                bx, by, bc = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                              torch.cat([p[2] for p in parts], dim=1))
+            s = self.share
+            if s is None:
+                yield self._finish(bx, by, bc)
+            elif self.cutmix_px == 0:  # per-image work: only this process's share is standardized
+                yield self._finish(bx[s], by[s], bc[:, s])
+            else:  # cutmix pairs each image with its neighbour in the global batch, across shares
+                inputs, targets = self._finish(bx, by, bc)
+                yield inputs[s], targets[s]

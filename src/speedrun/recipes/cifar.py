@@ -28,28 +28,53 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from speedrun.data import limits
+from speedrun import dist
+from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
-from speedrun.engine import FiniteLossGuard, Timer, evaluate, seed_everything, synchronize
+from speedrun.engine import (FiniteLossGuard, RunResult, Timer, evaluate, rng_state, seed_everything,
+                             set_rng_state, setup_system, stop_at_step_end, synchronize)
 from speedrun.models import CifarNet
-from speedrun.models.cifar_net import memory_lower_bound, output_side
+# The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
+from speedrun.recipes.cifar_checks import (check, check_data, data_signature, describe, load_data,  # noqa: F401
+                                           model_card, notes, smoke, with_epochs)
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
-from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
-                                      set_cudnn_benchmark, to_channels_last)
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.whitening import patch_whitening_init_
 
 
+
+def timed_region(cfg: CifarConfig) -> str:
+    """What train_seconds covers, for the result file and the summary (as airbench times)."""
+    final = f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
+    return (f"whitening init + training + {final}, device-synchronized; excludes data loading, upload, per-epoch "
+            "table evaluations, checkpoint writes and the warm-up run")
+
+# Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
+MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
+
+
+# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
+# the machine away before the first step.
+MAX_BATCH = 1 << 16
+MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
+MAX_EPOCHS = 10_000.0
+MAX_GROUPS = 8
+MAX_WIDTH = 8192
+
+
 @dataclass(frozen=True)
-class CifarConfig:
+class CifarConfig(SystemConfig):
+    """Settings of the cifar family; the device-side ones (precision, channels_last, compile, cudnn_benchmark,
+    check_finite_loss, sync_bn) come from config.SystemConfig, shared by every family."""
+
     target_accuracy: float = 0.94  # fraction; the share of runs reaching it is reported
     # Schedule
     batch_size: int = 1024
@@ -96,16 +121,9 @@ class CifarConfig:
     muon_bias_lr: float = 0.053  # PyTorch lr (summed loss) of whitening/BN biases under Muon
     muon_head_lr: float = 0.67
     muon_weight_decay_per_example: float = 2e-6  # times batch_size, per step
-    # System (tricks/precision.py)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
-    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU, off for MPS
-    compile: bool = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
-        "max-autotune-no-cudagraphs"  # torch.compile's modes
-    cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
+    # Evaluation
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
-    check_finite_loss: bool = True  # stop a run within one step of its loss turning NaN/inf (engine.FiniteLossGuard)
 
     def validate(self) -> None:
         """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
@@ -150,55 +168,6 @@ class CifarConfig:
                 raise ValueError(f"bad config: {message}")
 
 
-# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
-# the machine away before the first step.
-MAX_BATCH = 1 << 16
-MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
-MAX_EPOCHS = 10_000.0
-MAX_GROUPS = 8
-MAX_WIDTH = 8192
-
-
-def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
-               num_classes: int, device: torch.device | None = None) -> list[str]:
-    """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
-
-    Called before any step, so that no run starts that would fail or mean nothing later.
-    """
-    c, h, w = image_shape
-    side = min(h, w)
-    if output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
-        fits = [n for n in range(1, len(cfg.widths) + 1)
-                if output_side(side, cfg.widths[:n], cfg.whiten_kernel_px) >= 1]
-        need = 2 ** len(cfg.widths) + cfg.whiten_kernel_px - 1  # the smallest side these groups leave 1 px of
-        fix = (f"use at most {max(fits)} widths (--set widths=...) or images of at least {need} px" if fits else
-               f"use images of at least {need} px")
-        raise ValueError(
-            f"{h}x{w} images are too small for {len(cfg.widths)} groups: the whitening conv ({cfg.whiten_kernel_px} "
-            f"px) and {len(cfg.widths)} 2x2 pools leave nothing; {fix} (image_size / --image-size for image "
-            "folders)")
-    for name, px, limit in (("translate_px", cfg.translate_px, side - 1), ("cutout_px", cfg.cutout_px, side),
-                            ("cutmix_px", cfg.cutmix_px, side)):
-        if px > limit:
-            raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
-    param_bytes, train_bytes, eval_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths,
-                                                              cfg.convs_per_group, cfg.whiten_kernel_px,
-                                                              cfg.batch_size, min(cfg.eval_batch_size, num_test))
-    fix = "lower batch_size, eval_batch_size or widths (--set batch_size=... / eval_batch_size=... / widths=...)"
-    # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
-    # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
-    on_host = device is None or device.type == "cpu"
-    limits.check_memory(param_bytes + (max(train_bytes, eval_bytes) if on_host else 0),
-                        f"this net ({cfg.widths}, batch {cfg.batch_size}, eval batch {cfg.eval_batch_size}, {h}x{w} "
-                        "images)", fix)
-    notes = []
-    if cfg.batch_size > num_train:
-        notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
-                     f"repeats images, and {math.ceil(cfg.epochs * num_train / cfg.batch_size)} step(s) will not "
-                     f"train a network; lower batch_size (--set batch_size=...)")
-    return notes
-
-
 def cifar10_94() -> CifarConfig:
     return CifarConfig()
 
@@ -219,23 +188,6 @@ def cifar10_96() -> CifarConfig:
     return dataclasses.replace(CifarConfig(), target_accuracy=0.96, widths=(128, 384, 512), convs_per_group=3,
                                epochs=37.0, lr_per_1024=9.0, weight_decay_per_1024=0.012, translate_px=4,
                                cutout_px=12)
-
-
-@dataclass
-class RunResult:
-    seed: int
-    accuracy: float | None  # final test accuracy after TTA, fraction; None for a diverged run
-    train_seconds: float | None  # the timed region; None for a diverged run
-    epochs: float
-    steps: int  # steps taken (for a diverged run: up to the step whose loss was not finite)
-    history: list[dict] = field(default_factory=list)  # one row per epoch
-    model: torch.nn.Module | None = None
-    diverged: dict | None = None  # engine.Diverged.to_dict() when the loss became NaN/inf
-
-    def to_dict(self) -> dict:
-        """JSON-ready fields (the model is not serialized)."""
-        return {"seed": self.seed, "accuracy": self.accuracy, "train_seconds": self.train_seconds,
-                "epochs": self.epochs, "steps": self.steps, "diverged": self.diverged, "history": self.history}
 
 
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
@@ -287,26 +239,68 @@ def train_step(forward: Callable[[torch.Tensor], torch.Tensor], optimizers: list
 
 
 def _epoch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-               seconds: float) -> dict:
-    """One row of the per-epoch table; train loss/accuracy are those of the last batch (as airbench)."""
+               seconds: float, world: dist.World) -> dict:
+    """One row of the per-epoch table; train loss/accuracy are those of the last (global) batch, as airbench's."""
     labels = targets if targets.ndim == 1 else targets.argmax(1)
-    return {"epoch": round(epoch, 4), "step": step, "train_loss": loss.item() / len(labels),
-            "train_acc": (logits.argmax(1) == labels).float().mean().item(), "val_acc": None,
-            "train_seconds": seconds}
+    counts = torch.stack([loss.detach().double(), (logits.argmax(1) == labels).sum().double(),
+                          torch.tensor(float(len(labels)), dtype=torch.float64, device=loss.device)])
+    dist.sum_(counts, world)  # (3,): summed loss, correct, examples over every process's share
+    total_loss, correct, n = counts.tolist()
+    return {"epoch": round(epoch, 4), "step": step, "train_loss": total_loss / n, "train_acc": correct / n,
+            "val_acc": None, "train_seconds": seconds}
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run restores, in one place (torchtitan's TrainState, nanoGPT's checkpoint dict): what
+    the loop would otherwise keep in local variables. The loader needs only `step`: its batches are a pure function
+    of (seed, step). The model is the bare one (no DDP, no compile wrapper)."""
+
+    model: CifarNet
+    optimizers: list[torch.optim.Optimizer]
+    lookahead: Lookahead | None = None
+    step: int = 0
+    whiten_bias_frozen: bool = False  # the whitening bias stopped learning (cfg.whiten_bias_epochs)
+    seconds: float = 0.0  # timed seconds so far
+    epochs_done: int = 0  # whole epochs in the per-epoch table
+    history: list[dict] = field(default_factory=list)
+    last_batch: dict | None = None  # the final row's train loss/accuracy, when the last step was checkpointed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
+                "lookahead": None if self.lookahead is None else list(self.lookahead.slow),
+                "step": self.step, "whiten_bias_frozen": self.whiten_bias_frozen, "seconds": self.seconds,
+                "epochs_done": self.epochs_done, "history": self.history, "last_batch": self.last_batch,
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])  # copies into the live tensors: Lookahead's views stay valid
+        for opt, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(saved)
+        if self.lookahead is not None:
+            torch._foreach_copy_(self.lookahead.slow, [t.to(self.model.whiten.weight.device)
+                                                       for t in state["lookahead"]])
+        self.step, self.whiten_bias_frozen = state["step"], state["whiten_bias_frozen"]
+        self.seconds, self.epochs_done, self.history = state["seconds"], state["epochs_done"], list(state["history"])
+        self.last_batch = state["last_batch"]
+        set_rng_state(state["rng"])
 
 
 def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
-              on_step: Callable[[int, int], None] | None = None,
-              on_epoch: Callable[[dict], None] | None = None) -> RunResult:
+              world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
+              on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
+              resume: dict[str, Any] | None = None) -> RunResult:
     """One training run of `cfg` on `data`; returns the final TTA accuracy and the timed seconds.
 
     shuffle_labels: train on permuted labels (the untimed compile/autotune warm-up run, as airbench does).
+    world: the torchrun world (dist.py); each process trains on its share of every global batch.
+    checkpoints: runs.Checkpoints (saves TrainState every N steps, at the last step and on a signal), or None.
+    resume: a TrainState.state_dict() to continue from (checkpoint.find_checkpoint).
     """
     cfg.validate()
+    world = world or dist.World()
     seed_everything(seed)
-    precision = resolve_precision(cfg.precision, device)
-    channels_last = resolve_channels_last(cfg.channels_last, device)
-    dtype = DTYPES[precision]
+    system = setup_system(cfg, device)
     in_channels, _, _ = data.image_shape
 
     # Untimed: statistics, upload, model construction.
@@ -315,78 +309,99 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     if shuffle_labels:
         train_labels = train_labels[torch.randperm(len(train_labels), generator=torch.Generator().manual_seed(seed))]
     loader = DeviceLoader(data.train_images, train_labels, batch_size=cfg.batch_size, epochs=cfg.epochs,
-                          num_classes=data.num_classes, device=device, mean=mean, std=std, dtype=dtype,
-                          channels_last=channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
-                          cutout_px=cfg.cutout_px, cutmix_px=cfg.cutmix_px, seed=seed)
+                          num_classes=data.num_classes, device=device, mean=mean, std=std, dtype=system.dtype,
+                          channels_last=system.channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
+                          cutout_px=cfg.cutout_px, cutmix_px=cfg.cutmix_px, seed=seed,
+                          share=dist.share(cfg.batch_size, world) if world.size > 1 else None)
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
-    model = to_channels_last(build_model(cfg, in_channels, data.num_classes).to(device), channels_last)
-    set_cudnn_benchmark(device, cfg.cudnn_benchmark)
-    forward = maybe_compile(model, cfg.compile, cfg.compile_mode)
-    optimizers = build_optimizers(cfg, model)
+    model, forward = system.prepare(build_model(cfg, in_channels, data.num_classes), cfg)
+    state = TrainState(model, build_optimizers(cfg, model))
     total_steps = loader.steps
     # The lr the divergence message names: the setting a user would lower.
     lr_name, base_lr = ("lr_per_1024", cfg.lr_per_1024) if cfg.optimizer == "sgd" else ("muon_lr", cfg.muon_lr)
-    guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss)
 
-    def amp():
-        return autocast(device, precision)
+    def scored(tta_level: int) -> float:  # test accuracy; every process takes rank 0's BatchNorm statistics first
+        dist.broadcast_model(model, world)
+        return evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=system.dtype,
+                        channels_last=system.channels_last, tta_level=tta_level, batch_size=cfg.eval_batch_size,
+                        autocast=system.amp, world=world)
 
     timer = Timer(device)
-    timer.start()  # ---- timed region: whitening init ... TTA evaluation ----
-    if cfg.whiten_init:
-        # A random sample, not the first images: image folders list their files class by class.
-        pick = torch.randperm(loader.num_examples, generator=torch.Generator().manual_seed(seed))
-        sample = loader.images[pick[:cfg.whiten_images].to(device)]
-        patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps)
-    lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
+    if resume is None:
+        timer.start()  # ---- timed region: whitening init ... TTA evaluation ----
+        if cfg.whiten_init:
+            # A random sample, not the first images: image folders list their files class by class.
+            pick = torch.randperm(loader.num_examples, generator=torch.Generator().manual_seed(seed))
+            sample = loader.images[pick[:cfg.whiten_images].to(device)]
+            patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps)
+        state.lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
+    else:
+        state.lookahead = Lookahead(model) if cfg.lookahead else None
+        state.load_state_dict(resume)
+        timer.seconds = state.seconds
+        timer.start()
+    model.whiten.bias.requires_grad_(not state.whiten_bias_frozen)
+    train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
-    history: list[dict] = []
-    step = 0
-    epoch_done = 0  # whole epochs completed, for the per-epoch table
     model.train()
-    for inputs, targets in loader:
-        if model.whiten.bias.requires_grad and loader.epoch_at(step) >= cfg.whiten_bias_epochs:
-            model.whiten.bias.requires_grad_(False)
-        mult = triangle(step, total_steps, cfg.lr_start_mult, cfg.lr_peak_frac, cfg.lr_end_mult)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = group["initial_lr"] * mult
-        logits, loss = train_step(forward, optimizers, inputs, targets, cfg.label_smoothing, amp)
-        step += 1
-        guard.check(step, loss, base_lr * mult)
-        if lookahead is not None and step % cfg.lookahead_every_steps == 0:
-            lookahead.update(lookahead_decay(step, total_steps, cfg.lookahead_base, cfg.lookahead_every_steps))
-        if on_step is not None:
-            on_step(step, total_steps)
-        if int(loader.epoch_at(step)) > epoch_done and step < total_steps:
-            epoch_done = int(loader.epoch_at(step))
-            timer.stop()  # the table's evaluation is not part of the timed region
-            row = _epoch_row(loader.epoch_at(step), step, loss, logits, targets, timer.seconds)
-            if cfg.eval_each_epoch:
-                row["val_acc"] = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,
-                                          channels_last=channels_last, tta_level=0,
-                                          batch_size=cfg.eval_batch_size, autocast=amp)
-            history.append(row)
-            if on_epoch is not None:
-                on_epoch(row)
-            timer.start()
-    guard.finish()
-    if lookahead is not None:
-        lookahead.update(1.0)  # final sync: the live net takes the averaged weights
-    accuracy = evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=dtype,
-                        channels_last=channels_last, tta_level=cfg.tta_level, batch_size=cfg.eval_batch_size,
-                        autocast=amp)
+    with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
+        guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop)
+        for inputs, targets in loader.batches(state.step):
+            if not state.whiten_bias_frozen and loader.epoch_at(state.step) >= cfg.whiten_bias_epochs:
+                state.whiten_bias_frozen = True
+                model.whiten.bias.requires_grad_(False)
+                train_forward = dist.rewrap(train_forward, world, device)  # DDP's reducer: one parameter fewer
+            mult = triangle(state.step, total_steps, cfg.lr_start_mult, cfg.lr_peak_frac, cfg.lr_end_mult)
+            for opt in state.optimizers:
+                for group in opt.param_groups:
+                    group["lr"] = group["initial_lr"] * mult
+            logits, loss = train_step(train_forward, state.optimizers, inputs, targets, cfg.label_smoothing,
+                                      system.amp)
+            state.step += 1
+            stopping = guard.check(state.step, loss, base_lr * mult)
+            if state.lookahead is not None and state.step % cfg.lookahead_every_steps == 0:
+                state.lookahead.update(lookahead_decay(state.step, total_steps, cfg.lookahead_base,
+                                                       cfg.lookahead_every_steps))
+            if on_step is not None:
+                on_step(state.step, total_steps)
+            epoch = loader.epoch_at(state.step)
+            table_row = int(epoch) > state.epochs_done and state.step < total_steps
+            saving = checkpoints is not None and (stopping or checkpoints.due(state.step, total_steps))
+            if table_row or saving:
+                timer.stop()  # the table's evaluation and checkpoint writes are not part of the timed region
+                if table_row:
+                    state.epochs_done = int(epoch)
+                    row = _epoch_row(epoch, state.step, loss, logits, targets, timer.seconds, world)
+                    if cfg.eval_each_epoch:
+                        row["val_acc"] = scored(0)
+                    state.history.append(row)
+                    if on_epoch is not None:
+                        on_epoch(row)
+                if saving:
+                    state.seconds = timer.seconds
+                    if state.step == total_steps:  # a run resumed from here takes only its final evaluation
+                        state.last_batch = _epoch_row(epoch, state.step, loss, logits, targets, 0.0, world)
+                    checkpoints.save(state.step, state.state_dict())
+                if stopping:
+                    raise stop.interrupt()
+                timer.start()
+        guard.finish()
+    if state.lookahead is not None:
+        state.lookahead.update(1.0)  # final sync: the live net takes the averaged weights
+    accuracy = scored(cfg.tta_level)
     train_seconds = timer.stop()  # ---- end of timed region ----
-    row = _epoch_row(loader.epoch_at(step), step, loss, logits, targets, train_seconds)
-    row["val_acc"] = accuracy  # the last row reports the final accuracy, with TTA
-    history.append(row)
+    # The last batch's numbers: computed at the last step's checkpoint, or now (outside the timed region).
+    row = dict(state.last_batch or _epoch_row(loader.epoch_at(state.step), state.step, loss, logits, targets,
+                                              0.0, world))
+    row["val_acc"], row["train_seconds"] = accuracy, train_seconds  # the last row reports the final accuracy, with TTA
+    state.history.append(row)
     if on_epoch is not None:
         on_epoch(row)
     return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
-                     steps=total_steps, history=history, model=model)
+                     steps=total_steps, history=state.history, model=model)
 
 
-def warmup(cfg: CifarConfig, data: Dataset, device: torch.device) -> float:
+def warmup(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World | None = None) -> float:
     """An untimed run on shuffled labels, so torch.compile and cuDNN autotuning happen before the timed runs.
 
     Returns its wall-clock seconds (reported as warm-up time). Skipped (0.0) on CPU without compile.
@@ -394,6 +409,6 @@ def warmup(cfg: CifarConfig, data: Dataset, device: torch.device) -> float:
     if device.type == "cpu" and not cfg.compile:
         return 0.0
     start = time.perf_counter()
-    train_run(cfg, data, device, seed=0, shuffle_labels=True)
+    train_run(cfg, data, device, seed=0, shuffle_labels=True, world=world)
     synchronize(device)
     return time.perf_counter() - start

@@ -1,0 +1,134 @@
+"""The cifar family's answers to the runner (recipes/__init__.py lists the questions): data, checks, the smoke
+test, notes, what a checkpoint and a saved model must agree on. The training loop is in recipes/cifar.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from speedrun import dist
+from speedrun.data import limits
+from speedrun.data.dataset import Dataset
+from speedrun.data.loader import channel_stats, steps_for
+from speedrun.models.cifar_net import memory_lower_bound, output_side
+
+if TYPE_CHECKING:
+    from speedrun.recipes.cifar import CifarConfig
+
+# --smoke: a check that the whole pipeline runs, in seconds even on a CPU; its accuracy means nothing.
+SMOKE_STEPS = 4
+SMOKE_TEST_IMAGES = 1000
+
+
+def load_data(dataset: str, *, data_dir, image_size, log) -> Dataset:
+    from speedrun.data.sources import load_dataset
+
+    return load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=log)
+
+
+def describe(data: Dataset) -> str:
+    c, h, w = data.image_shape
+    return (f"{data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, {c}x{h}x{w}, "
+            f"{data.num_classes} classes")
+
+
+def with_epochs(cfg: CifarConfig, epochs: float) -> CifarConfig:
+    """cfg with `epochs`, the whitening bias's window scaled by the same factor (the lr schedule and Lookahead are
+    defined in fractions of the run already)."""
+    scale = epochs / cfg.epochs
+    return dataclasses.replace(cfg, epochs=epochs, whiten_bias_epochs=cfg.whiten_bias_epochs * scale)
+
+
+def smoke(cfg: CifarConfig, data: Dataset) -> tuple[CifarConfig, Dataset]:
+    """SMOKE_STEPS steps, no TTA, no per-epoch evaluation, and the first SMOKE_TEST_IMAGES of a fixed random order
+    of the test set (test folders are class-ordered)."""
+    cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False)
+    if len(data.test_labels) > SMOKE_TEST_IMAGES:
+        pick = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))[:SMOKE_TEST_IMAGES]
+        data = dataclasses.replace(data, test_images=data.test_images[pick], test_labels=data.test_labels[pick])
+    return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / len(data.train_labels))), data
+
+
+def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
+    """What a smoke test is; else a line when scoring the test set is more work than training (short CPU runs),
+    with the quicker path."""
+    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
+    if smoke:
+        return [f"smoke test: {steps} step(s), {len(data.test_labels)} test images, no TTA: this checks that the "
+                "pipeline runs; its accuracy is not a result"]
+    views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
+    n_test = len(data.test_labels)
+    eval_passes = n_test * views + (n_test * math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
+    train_passes = 3 * steps * cfg.batch_size  # a training step costs about three forward passes
+    if eval_passes <= train_passes:
+        return []
+    return [f"note: scoring {n_test} test images x {views} TTA view(s) is more work than the training itself "
+            f"({steps} step(s) of {cfg.batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]
+
+
+def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
+    """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA."""
+    if world.size > 1:
+        dist.share(cfg.batch_size, world)
+    if cfg.sync_bn and device.type != "cuda":
+        raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
+                         "(--set sync_bn=false)")
+    return check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels), data.num_classes, device)
+
+
+def data_signature(data: Dataset) -> dict:
+    """What a checkpoint must have been trained on to be resumed with this data."""
+    return {"name": data.name, "image_shape": list(data.image_shape), "num_train": len(data.train_labels),
+            "num_test": len(data.test_labels), "num_classes": data.num_classes}
+
+
+def model_card(cfg: CifarConfig, data: Dataset) -> dict:
+    """What a saved model needs besides its weights to take images and name classes (saved.py)."""
+    mean, std = channel_stats(data.train_images)
+    return {"classes": list(data.classes), "image_shape": list(data.image_shape), "mean": mean.tolist(),
+            "std": std.tolist(), "tta_level": cfg.tta_level}
+
+
+def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
+               num_classes: int, device: torch.device | None = None) -> list[str]:
+    """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
+
+    Called before any step, so that no run starts that would fail or mean nothing later.
+    """
+    c, h, w = image_shape
+    side = min(h, w)
+    if output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
+        fits = [n for n in range(1, len(cfg.widths) + 1)
+                if output_side(side, cfg.widths[:n], cfg.whiten_kernel_px) >= 1]
+        need = 2 ** len(cfg.widths) + cfg.whiten_kernel_px - 1  # the smallest side these groups leave 1 px of
+        fix = (f"use at most {max(fits)} widths (--set widths=...) or images of at least {need} px" if fits else
+               f"use images of at least {need} px")
+        raise ValueError(
+            f"{h}x{w} images are too small for {len(cfg.widths)} groups: the whitening conv ({cfg.whiten_kernel_px} "
+            f"px) and {len(cfg.widths)} 2x2 pools leave nothing; {fix} (image_size / --image-size for image "
+            "folders)")
+    for name, px, limit in (("translate_px", cfg.translate_px, side - 1), ("cutout_px", cfg.cutout_px, side),
+                            ("cutmix_px", cfg.cutmix_px, side)):
+        if px > limit:
+            raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
+    param_bytes, train_bytes, eval_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths,
+                                                              cfg.convs_per_group, cfg.whiten_kernel_px,
+                                                              cfg.batch_size, min(cfg.eval_batch_size, num_test))
+    fix = "lower batch_size, eval_batch_size or widths (--set batch_size=... / eval_batch_size=... / widths=...)"
+    # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
+    # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
+    on_host = device is None or device.type == "cpu"
+    limits.check_memory(param_bytes + (max(train_bytes, eval_bytes) if on_host else 0),
+                        f"this net ({cfg.widths}, batch {cfg.batch_size}, eval batch {cfg.eval_batch_size}, {h}x{w} "
+                        "images)", fix)
+    notes = []
+    if cfg.batch_size > num_train:
+        notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
+                     f"repeats images, and {math.ceil(cfg.epochs * num_train / cfg.batch_size)} step(s) will not "
+                     f"train a network; lower batch_size (--set batch_size=...)")
+    return notes
+
+

@@ -1,0 +1,168 @@
+"""Checkpoints, resume and the saved model, as the runner (runs.py) uses them: which checkpoint to continue from,
+whether it fits this run, when to save, and where the result and the trained network go.
+
+The file format (safetensors, checksummed, atomic, never unpickled) is checkpoint.py's; what a family's training
+state holds is the family's TrainState. This module joins them to a multi-run command:
+- a checkpoint's metadata carries the recipe, config, data signature and first seed (which must match to resume),
+  the run index and step, the runs finished before it (so a resumed command keeps them), and the result file;
+- under torchrun, rank 0 chooses the checkpoint and every process loads that one file; only rank 0 writes;
+- a worker group restarted by torchrun (--max-restarts) resumes from the newest usable checkpoint by itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from speedrun import dist
+from speedrun.checkpoint import CheckpointError, check_compatible, find_checkpoint, load_checkpoint, save_checkpoint
+from speedrun.engine import RunResult
+from speedrun.errors import printable
+from speedrun.results import load_result
+
+Found = tuple[dict, dict, Path]  # (state, meta, path)
+# Checkpoints per run when --checkpoint-every is not given (and always one at the run's last step).
+DEFAULT_CHECKPOINTS_PER_RUN = 10
+
+
+@dataclass
+class Plan:
+    directory: Path | None
+    every_steps: int | None
+    keep: int
+    resume: str | None  # "auto", a checkpoint path, or None
+    save_path: Path | None  # the saved model's stem (saved.model_paths)
+
+    @classmethod
+    def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, save, world: dist.World) -> Plan:
+        """The flags checked together, before any work; rank 0 checks the paths it will write."""
+        directory = None if checkpoint_dir is None else Path(os.fspath(checkpoint_dir)).expanduser()
+        resume = None if resume is None else os.fspath(resume)
+        if directory is None and every_steps is not None:
+            raise ValueError("--checkpoint-every needs a folder to write to: add --checkpoint-dir DIR")
+        if resume == "auto" and directory is None:
+            raise ValueError("--resume auto looks in the checkpoint folder: add --checkpoint-dir DIR, or give "
+                             "--resume a checkpoint file")
+        if resume is None and directory is not None and world.restarts > 0:
+            resume = "auto"  # torchrun restarted the worker group: continue where the last checkpoint left off
+        if directory is not None and world.is_main:
+            _check_writable_dir(directory)
+        save_path = None
+        if save is not None:
+            from speedrun import saved
+
+            save_path = saved.check_save_path(save) if world.is_main else Path(os.fspath(save))
+        return cls(directory, every_steps, keep, resume, save_path)
+
+    def find(self, world: dist.World, log: Callable[[str], None]) -> Found | None:
+        """The checkpoint to resume: rank 0 chooses (the newest usable one), every process loads that file."""
+        if self.resume is None:
+            return None
+        where = self.directory if self.resume == "auto" else Path(self.resume).expanduser()
+        found = find_checkpoint(where, log) if world.is_main else None
+        chosen = dist.broadcast_object(None if found is None else str(found[2]), world)
+        if not world.is_main and chosen is not None:
+            state, meta = load_checkpoint(chosen)
+            found = (state, meta, Path(chosen))
+        if found is None:
+            log(f"no checkpoint in {printable(str(where))} yet: starting afresh")
+        else:
+            log(f"resuming from {printable(str(found[2]))} (run {found[1].get('run', 0) + 1}, "
+                f"step {found[1].get('step')})")
+        return found
+
+    def check_found(self, found: Found | None, meta: dict, may_differ: frozenset[str],
+                    runs: int) -> tuple[int, dict | None, list[RunResult]]:
+        """(first run to train, its state to resume, the runs finished before it) after checking that the
+        checkpoint was made by this recipe, config, data and seed."""
+        if found is None:
+            return 0, None, []
+        state, saved, path = found
+        check_compatible(saved, meta, path, may_differ)
+        try:
+            run = saved["run"]
+            finished = [RunResult.from_dict(d) for d in saved["finished"]]
+            if not isinstance(run, int) or isinstance(run, bool) or run < 0 or len(finished) != run:
+                raise TypeError("run index")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"checkpoint {printable(path.name)} has malformed run records ({e}); delete it "
+                                  "or start afresh without --resume") from None
+        if run >= runs:
+            raise ValueError(f"checkpoint {printable(path.name)} is of run {run + 1}, but --runs {runs} ends before "
+                             f"it; ask for at least {run + 1} runs")
+        return run, state, finished
+
+    def continued_result(self, found: Found | None, asked) -> Path | None:
+        """The result file the checkpointed command was writing, when the resumed command asks for no particular
+        file ("auto") or for that one, and it is still that command's partial result (same recipe, its runs those
+        the checkpoint lists as finished): the resumed command continues it instead of starting a second file.
+        Anything else is left alone (and a path given with --json must then be new)."""
+        if found is None or not isinstance(found[1].get("result_path"), str):
+            return None
+        path = Path(found[1]["result_path"])
+        if asked != "auto" and Path(os.fspath(asked)).expanduser().resolve() != path.resolve():
+            return None
+        try:
+            old = load_result(path) if path.is_file() and path.stat().st_size else None
+        except (OSError, ValueError):
+            return None
+        finished = found[1].get("finished")
+        if (old is None or old.get("recipe") != found[1].get("recipe") or old.get("complete") is not False
+                or not isinstance(finished, list)
+                or [r.get("seed") for r in old.get("runs", [])] != [r.get("seed") for r in finished]):
+            return None
+        return path
+
+    def checkpoints(self, meta: dict, result_path, world: dist.World) -> Checkpoints | None:
+        if self.directory is None:
+            return None
+        return Checkpoints(self.directory, self.every_steps, self.keep, world,
+                           {**meta, "result_path": None if result_path is None else str(result_path)})
+
+    def save_model(self, model, card: dict, recipe, cfg, dataset: str, run: RunResult) -> str:
+        import dataclasses
+
+        from speedrun import saved
+
+        card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
+                "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}
+        return saved.save_model(self.save_path, dist.unwrap(model), card)
+
+
+def _check_writable_dir(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"checkpoint folder {printable(str(directory))} is a file (or under one); choose a folder "
+                         "(--checkpoint-dir)") from None
+    except OSError as e:
+        raise ValueError(f"cannot create the checkpoint folder {printable(str(directory))} ({e.strerror}); choose "
+                         "a writable folder (--checkpoint-dir)") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"checkpoint folder {printable(str(directory))} is not writable; choose another "
+                         "(--checkpoint-dir)")
+
+
+class Checkpoints:
+    """When to save a run's training state, and the metadata that goes with it. Rank 0 writes; every process
+    makes the same decisions (they depend only on the step), so they stay in step."""
+
+    def __init__(self, directory: Path, every_steps: int | None, keep: int, world: dist.World, meta: dict):
+        self.directory, self.every_steps, self.keep, self.world, self.meta = directory, every_steps, keep, world, meta
+        self.run, self.finished = 0, []
+
+    def begin(self, run: int, finished: list[RunResult]) -> None:
+        self.run, self.finished = run, [r.to_dict() for r in finished]
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """At every `every_steps`-th step (default: ten times a run) and at the run's last step."""
+        every = self.every_steps or max(1, math.ceil(total_steps / DEFAULT_CHECKPOINTS_PER_RUN))
+        return step == total_steps or step % every == 0
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        if self.world.is_main:
+            save_checkpoint(self.directory, self.run, step, state,
+                            {**self.meta, "run": self.run, "step": step, "finished": self.finished}, self.keep)

@@ -1,0 +1,267 @@
+"""Trained models a user keeps: `speedrun train --save PATH` writes PATH.safetensors + PATH.json (saved_files.py
+describes both and how they are checked); `speedrun.load(PATH)` gives a TrainedModel that takes images and names
+classes; `speedrun eval` scores it on a dataset and `speedrun predict` on image files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+from torch import nn
+
+from speedrun import __version__
+from speedrun import saved_files as files
+from speedrun.data import folder
+from speedrun.dist import unwrap
+from speedrun.engine import evaluate, resolve_device
+from speedrun.errors import printable, warn
+from speedrun.recipes import RECIPES
+from speedrun.saved_files import MODEL_FORMAT, MODEL_VERSION
+from speedrun.tricks.tta import tta_logits
+
+_PREDICT_BATCH = 64  # image files decoded and scored at a time
+_FIX = "use the .safetensors and .json exactly as `speedrun train --save` wrote them, or save the model again"
+
+
+def model_paths(path: str | os.PathLike) -> tuple[Path, Path]:
+    """(weights, card): "m", "m.safetensors" and "m.json" all mean m.safetensors + m.json ("m.v2" keeps ".v2")."""
+    text = os.fsdecode(path)
+    try:
+        p = Path(text).expanduser()
+    except RuntimeError:  # "~nobody/m": no such user
+        raise ValueError(f"model path {printable(text)!r}: cannot expand its ~; give the folder in full") from None
+    if p.suffix in (".safetensors", ".json"):
+        p = p.with_suffix("")
+    if not text.strip() or text.endswith(("/", os.sep)) or "\0" in text or p.name in ("", ".", ".."):
+        raise ValueError(f"model path {printable(text)!r} names no file; give a file name such as models/cifar "
+                         "(written as models/cifar.safetensors + models/cifar.json)")
+    return p.with_name(p.name + ".safetensors"), p.with_name(p.name + ".json")
+
+
+def check_save_path(path: str | os.PathLike) -> Path:
+    """Before training: refuse (ValueError) a path whose files exist or whose folder cannot be made or written.
+    Returns the path without suffix; creates nothing."""
+    weights, card = model_paths(path)
+    for p in (weights, card):
+        if len(os.fsencode(p.name)) > 255:
+            raise ValueError(f"model file name {printable(p.name)[:60]}... is over 255 bytes; choose a shorter --save "
+                             "path")
+        if os.path.lexists(p):
+            raise ValueError(f"{printable(str(p))} already exists and is never replaced; choose a new --save path or "
+                             "move the old file away")
+    existing = weights.parent  # the nearest folder that exists: save_model creates the rest
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    where = printable(str(weights.parent))
+    if not os.path.isdir(existing):
+        raise ValueError(f"cannot save the model in {where}: {printable(str(existing))} is not a folder; choose "
+                         "another --save path")
+    if not os.access(existing, os.W_OK | os.X_OK):  # access(2) also reports a read-only file system
+        raise ValueError(f"cannot save the model in {where}: {printable(str(existing))} is not writable; choose a "
+                         "writable --save path")
+    return weights.with_name(weights.name[:-len(".safetensors")])
+
+
+class TrainedModel(nn.Module):
+    """A saved network ready for images, normalized and test-time augmented as it was scored.
+
+    forward(images): (N, C, H, W) as `image_shape`, uint8 in 0..255 or floating in [0, 1] -> logits (N, K).
+    The network stays in eval mode (BatchNorm's running statistics) even after .train(): this module is for
+    inference. Gradients flow unless the caller uses torch.no_grad(); predict() does.
+    """
+
+    def __init__(self, net: nn.Module, card: dict):
+        super().__init__()
+        self.net = net.eval()
+        self.card = card
+        self.classes: list[str] = list(card["classes"])
+        self.image_shape: tuple[int, int, int] = tuple(card["image_shape"])
+        self.tta_level: int = card["tta_level"]
+        self.register_buffer("mean", torch.tensor(card["mean"], dtype=torch.float32))  # (C,), [0, 1] units
+        self.register_buffer("std", torch.tensor(card["std"], dtype=torch.float32))
+
+    def train(self, mode: bool = True) -> TrainedModel:
+        super().train(mode)
+        self.net.eval()
+        return self
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if not isinstance(images, torch.Tensor) or images.ndim != 4 or tuple(images.shape[1:]) != self.image_shape:
+            got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            raise ValueError(f"this model takes images of shape (N, {', '.join(map(str, self.image_shape))}), got "
+                             f"{got}; resize them (predict_files does, for image files)")
+        if images.dtype == torch.uint8:
+            x = images.to(self.mean.device).float() / 255  # as loader.normalize, so logits equal training's own
+        elif images.is_floating_point():
+            x = images.to(self.mean.device, torch.float32)
+        else:
+            raise ValueError(f"images must be uint8 (0..255) or floating point (0..1), got {images.dtype}")
+        x = (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
+        return tta_logits(self.net, x, self.tta_level)  # (N, K)
+
+    @torch.no_grad()
+    def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
+        """Per image, the `top` classes as (name, probability), most probable first."""
+        if type(top) is not int or top < 1:
+            raise ValueError(f"top must be a whole number >= 1, got {top!r}")
+        probs = torch.softmax(self(images).float(), dim=1)  # (N, K)
+        values, indices = probs.topk(min(top, len(self.classes)), dim=1)
+        return [[(self.classes[i], p) for i, p in zip(ids, ps)] for ids, ps in zip(indices.tolist(), values.tolist())]
+
+
+def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
+    """Write PATH.safetensors and PATH.json (card: see saved_files.py), neither replacing a file; returns
+    "PATH.safetensors + PATH.json". The runner calls it on rank 0 with the bare or wrapped network."""
+    weights, card_path = model_paths(check_save_path(path))
+    # A fresh contiguous CPU copy of each tensor: channels_last or shared storage would not save as they are.
+    tensors = {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+               for k, v in unwrap(model).state_dict().items()}
+    full = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "speedrun_version": __version__}  # at the top of the file
+    full.update((k, v) for k, v in card.items() if k not in full)
+    if isinstance(full.get("accuracy"), float) and not math.isfinite(full["accuracy"]):
+        full["accuracy"] = None  # JSON has no NaN
+    if isinstance(full.get("dataset"), bytes):
+        full["dataset"] = os.fsdecode(full["dataset"])  # a bytes path (runs.py passes os.fspath(dataset))
+    try:  # what load() would refuse is never written
+        files.match_state(files.expected_state(files.parse_card({**full, "weights_sha256": "0" * 64})), tensors)
+    except files.Unusable as e:
+        raise ValueError(f"cannot save the model as {printable(str(weights))}: its card or network is not valid "
+                         f"({e})") from None
+    files.write_files(weights, card_path, tensors, full)
+    return f"{printable(str(weights))} + {printable(card_path.name)}"
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
+    """`speedrun.load(PATH)`: the model saved at PATH (PATH, PATH.safetensors or PATH.json), checked as
+    saved_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
+    weights, card_path = model_paths(path)
+    device = resolve_device(device) if isinstance(device, str) else torch.device(device)
+    try:
+        try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting is a RecursionError
+            card = json.loads(files.read_bytes(card_path, files.MAX_CARD_BYTES).decode("utf-8"))
+        except (ValueError, RecursionError) as e:
+            raise files.Unusable(f"not valid JSON ({type(e).__name__}: {printable(str(e))[:100]})") from None
+        spec = files.parse_card(card)
+        expected = files.expected_state(spec)
+    except files.Unusable as e:
+        raise ValueError(f"saved model card {printable(str(card_path))} is unusable: {e}; {_FIX}") from None
+    try:
+        blob = files.read_bytes(weights, None)
+        if hashlib.sha256(blob).hexdigest() != spec.sha256:  # before safetensors parses a byte of it
+            raise files.Unusable("its SHA-256 is not the card's weights_sha256: the file is damaged, or the two "
+                                 "files are not from one save")
+        try:
+            tensors = safetensors.torch.load(blob)
+        except Exception as e:  # noqa: BLE001 -- safetensors' errors for a bad header, offsets or dtype vary
+            raise files.Unusable(f"not a valid safetensors file ({type(e).__name__}: "
+                                 f"{printable(str(e))[:100]})") from None
+        del blob
+        files.match_state(expected, tensors)
+    except files.Unusable as e:
+        raise ValueError(f"saved model weights {printable(str(weights))} are unusable: {e}; {_FIX}") from None
+    net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))
+    net.load_state_dict(tensors)  # names, shapes and dtypes were matched above
+    return TrainedModel(net, card).to(device)
+
+
+def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, image_size: int | None = None,
+                   device: str = "auto", batch_size: int = 2000, log=None) -> dict:
+    """Test accuracy of the saved model on `dataset`'s test split, with the card's TTA (`speedrun eval`)."""
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    dev = resolve_device(device)
+    model = load(path, dev)
+    family = RECIPES[model.card["recipe"]].module()
+    data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log or (lambda line: None))
+    (c, h, w), k = model.image_shape, len(model.classes)
+    if data.image_shape != model.image_shape or data.num_classes != k:
+        dc, dh, dw = data.image_shape
+        raise ValueError(f"model {printable(os.fsdecode(path))} takes {c}x{h}x{w} images of {k} classes, but "
+                         f"{printable(data.name)} has {dc}x{dh}x{dw} images of {data.num_classes} classes; evaluate "
+                         f"it on data like its training set (an image folder's images are resized to {h}x{h} by "
+                         f"--image-size {h})")
+    if list(data.classes) != model.classes:
+        i = next(i for i, (a, b) in enumerate(zip(data.classes, model.classes)) if a != b)
+        warn(f"{printable(data.name)}'s class {i} is {printable(data.classes[i])!r} but the model's is "
+             f"{model.classes[i]!r}; the accuracy takes label i to mean the model's class i")
+    with torch.no_grad():
+        accuracy = evaluate(model.net, data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
+                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
+                            batch_size=batch_size)
+    return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
+            "model": os.fsdecode(path)}
+
+
+def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
+    """One image file as the model takes it: uint8 (c, h, w), decoded under folder.py's limits."""
+    shown = printable(file)
+    if not os.path.isfile(file):
+        what = "is not a regular file" if os.path.lexists(file) else "does not exist"
+        raise ValueError(f"{shown} {what}; give image files (.jpg, .jpeg or .png)")
+    # Square models: the shorter side scaled to the model's and centre-cropped, as `--image-size` does.
+    pixels = folder.decode_one(file, h if h == w else None)  # (1 or 3, H, W)
+    if pixels.shape[1:] != (h, w):
+        raise ValueError(f"{shown} is {pixels.shape[2]}x{pixels.shape[1]} px but this model takes {w}x{h} images "
+                         f"(it was trained on images that are not square); resize it to {w}x{h}")
+    if c == 3 and pixels.shape[0] == 1:
+        pixels = np.repeat(pixels, 3, axis=0)  # grey -> RGB by replication, as folder.decode
+    elif c == 1 and pixels.shape[0] == 3:
+        r, g, b = pixels.astype(np.uint32)  # RGB -> grey: Pillow's "L" (ITU-R 601-2 luma) in its fixed point
+        pixels = ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).astype(np.uint8)[None]
+    return np.ascontiguousarray(pixels)
+
+
+def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
+                  device: str = "auto") -> list[tuple[str, list[tuple[str, float]]]]:
+    """Per image file, its `top` classes under the saved model as (name, probability) (`speedrun predict`)."""
+    if isinstance(images, (str, bytes, os.PathLike)) or not images:
+        raise ValueError("give a list of one or more image files")
+    if type(top) is not int or top < 1:
+        raise ValueError(f"top (--top) must be a whole number >= 1, got {top!r}")
+    model = load(path, resolve_device(device))
+    c, h, w = model.image_shape
+    if c not in (1, 3):
+        raise ValueError(f"model {printable(os.fsdecode(path))} takes {c}-channel images; image files give 1 "
+                         "(grey) or 3 (RGB)")
+    paths = [os.fsdecode(f) for f in images]
+    out = []
+    for start in range(0, len(paths), _PREDICT_BATCH):  # a bounded batch in memory, however many files
+        chunk = paths[start:start + _PREDICT_BATCH]
+        batch = torch.from_numpy(np.stack([_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
+        out += zip(chunk, model.predict(batch, top=top))
+    return out
+
+
+def eval_command(args) -> int:
+    """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
+    from speedrun.results import claim_result_path, release_result_path, write_json
+
+    json_path = claim_result_path(args.json) if getattr(args, "json", None) else None  # fails now, not after
+    try:
+        quiet = getattr(args, "quiet", False)
+        result = evaluate_saved(args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
+                                device=args.device, log=None if quiet else lambda line: print(line, file=sys.stderr))
+        if json_path is not None:
+            write_json(json_path, result)
+    except BaseException:
+        if json_path is not None:
+            release_result_path(json_path)
+        raise
+    print(f"accuracy {100 * result['accuracy']:.2f}% on {printable(result['dataset'])} test ({result['n']} images, "
+          f"TTA level {result['tta_level']})")
+    return 0
+
+
+def predict_command(args) -> int:
+    """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout."""
+    for file, preds in predict_files(args.model, args.images, top=args.top, device=args.device):
+        print(f"{printable(file)}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
+    return 0

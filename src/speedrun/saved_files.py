@@ -1,0 +1,267 @@
+"""The two files of a saved model (saved.py): their paths, the card's checks, and reading and writing them.
+
+PATH.safetensors holds the network's state_dict. PATH.json, the card, holds what makes it a classifier: the recipe
+and its whole config (which build the network), the class names, the input shape, the normalization and the TTA
+level it was scored with; its origin (dataset, accuracy, seed, speedrun version); the weights file's SHA-256.
+
+Both files come from disk, so a reader trusts neither (as checkpoint.py): the card is size-bounded and every field
+checked; the weights are held against memory, hashed, then parsed by safetensors (raw tensor bytes: no pickle, no
+code), and must hold exactly the tensors, shapes and dtypes of the network the card builds, which is first built
+and run on PyTorch's `meta` device (shapes only, no memory), so a hostile card allocates nothing. A writer never
+replaces a file: each is written under a temporary name, fsynced, and hard-linked into place, which fails if the
+name exists.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from speedrun import __version__
+from speedrun.config import apply_overrides
+from speedrun.data import limits
+from speedrun.errors import printable
+from speedrun.recipes import RECIPES
+from speedrun.tricks.tta import tta_logits
+
+MODEL_FORMAT = "speedrun-model"
+MODEL_VERSION = 1
+# A card is ~2 kB plus its class names: ImageNet-21k's 21,841 WordNet ids take 280 kB. 16 MiB holds any class list
+# within limits.MAX_CLASSES of names up to a few dozen characters, and bounds what a hostile card makes us parse.
+MAX_CARD_BYTES = 16 * 2**20
+MAX_CLASS_NAME_CHARS = 1024  # a folder name (255 bytes) after errors.printable's escapes
+
+
+class Unusable(Exception):
+    """Why a file cannot be used; the caller names the file and the fix."""
+
+
+@dataclass
+class CardSpec:
+    """A card's fields, checked."""
+    family: ModuleType
+    cfg: Any
+    classes: list[str]
+    shape: tuple[int, int, int]
+    tta_level: int
+    sha256: str
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _shown(v: Any) -> str:
+    return f"a list of {len(v):,}" if isinstance(v, list) else printable(repr(v))[:60]
+
+
+def parse_card(card: Any) -> CardSpec:
+    def need(ok: bool, why: str) -> None:
+        if not ok:
+            raise Unusable(why)
+
+    need(isinstance(card, dict), "it is not a JSON object")
+    need(card.get("format") == MODEL_FORMAT, f'not a speedrun model card (no "format": "{MODEL_FORMAT}")')
+    need(type(card.get("version")) is int and card["version"] == MODEL_VERSION,
+         f"card version {_shown(card.get('version'))}; speedrun {__version__} reads version {MODEL_VERSION}")
+    name = card.get("recipe")
+    need(isinstance(name, str) and name in RECIPES, f"unknown recipe {_shown(name)}; known: {', '.join(RECIPES)}")
+    recipe = RECIPES[name]
+    need(card.get("family") == recipe.family,
+         f"recipe {name} is of the {recipe.family} family, not {_shown(card.get('family'))}")
+    need(isinstance(card.get("config"), dict), "its config is not a JSON object")
+    try:
+        cfg = apply_overrides(recipe.make_config(), card["config"])
+        cfg.validate()
+    except ValueError as e:
+        raise Unusable(f"config: {printable(str(e))}") from None
+    classes = card.get("classes")
+    need(isinstance(classes, list) and 2 <= len(classes) <= limits.MAX_CLASSES,
+         f"classes must be a list of 2 to {limits.MAX_CLASSES:,} names, got {_shown(classes)}")
+    for i, c in enumerate(classes):
+        need(isinstance(c, str) and 0 < len(c) <= MAX_CLASS_NAME_CHARS and c.isprintable(),
+             f"class {i} is {_shown(c)}: names are printable strings of 1 to {MAX_CLASS_NAME_CHARS} characters")
+    shape = card.get("image_shape")
+    need(isinstance(shape, list) and len(shape) == 3 and all(type(v) is int for v in shape) and 1 <= shape[0] <= 4
+         and all(1 <= v <= limits.MAX_IMAGE_SIDE_PX for v in shape[1:]),
+         f"image_shape must be [C, H, W], C in 1..4, sides 1 to {limits.MAX_IMAGE_SIDE_PX} px; got {_shown(shape)}")
+    for key in ("mean", "std"):  # held as float32: 1e39 is a finite float here, inf there
+        v = card.get(key)
+        need(isinstance(v, list) and len(v) == shape[0] and all(_finite(x) for x in v)
+             and bool(torch.isfinite(torch.tensor(v, dtype=torch.float32)).all())
+             and (key == "mean" or bool((torch.tensor(v, dtype=torch.float32) > 0).all())),
+             f"{key} must be {shape[0]} finite numbers (one per channel{', > 0' * (key == 'std')}), got {_shown(v)}")
+    need(type(card.get("tta_level")) is int and card["tta_level"] in (0, 1, 2),
+         f"tta_level must be 0, 1 or 2, got {_shown(card.get('tta_level'))}")
+    need(isinstance(card.get("dataset"), str), f"dataset must be a string, got {_shown(card.get('dataset'))}")
+    need(card.get("accuracy") is None or _finite(card["accuracy"]),
+         f"accuracy must be a number or null, got {_shown(card.get('accuracy'))}")
+    need(card.get("seed") is None or type(card["seed"]) is int,
+         f"seed must be an integer or null, got {_shown(card.get('seed'))}")
+    sha = card.get("weights_sha256")
+    need(isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef"),
+         "weights_sha256 is not 64 hexadecimal digits")
+    return CardSpec(recipe.module(), cfg, classes, (shape[0], shape[1], shape[2]), card["tta_level"], sha)
+
+
+def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:
+    """The state_dict of the network the card builds, on the meta device: names, shapes, dtypes, and no memory.
+    Running it there checks that the card's images fit the network (three 2x2 pools need 10 px) and give K logits."""
+    c, h, w = spec.shape
+    try:
+        with torch.device("meta"):
+            net = spec.family.build_model(spec.cfg, c, len(spec.classes)).eval()
+            out = tta_logits(net, torch.empty(1, c, h, w), spec.tta_level)
+    except Exception as e:  # noqa: BLE001 -- whatever the network raises, the card's shape and config do not fit
+        raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {printable(str(e))[:120]})")
+    if tuple(out.shape) != (1, len(spec.classes)):
+        raise Unusable(f"its network gives {tuple(out.shape)} logits per image, not (1, {len(spec.classes)})")
+    return net.state_dict()
+
+
+def match_state(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
+    for key, want in expected.items():
+        have = got.get(key)
+        if have is None:
+            raise Unusable(f"it lacks the tensor {key!r} of the card's network")
+        if have.shape != want.shape or have.dtype != want.dtype:
+            raise Unusable(f"tensor {key!r} is {have.dtype} {list(have.shape)}; the card's network has "
+                           f"{want.dtype} {list(want.shape)}")
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        raise Unusable(f"it holds a tensor {printable(extra[0])[:80]!r} that the card's network does not have")
+
+
+def read_bytes(path: Path, limit: int | None) -> bytes:
+    """The whole file, at most `limit` bytes (else as much as memory holds three times: bytes, tensors, network)."""
+    shown = printable(str(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{shown} does not exist; give the PATH of a model saved with --save PATH (PATH, "
+                                "PATH.safetensors and PATH.json name the same model)") from None
+    except OSError as e:
+        raise Unusable(f"cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block forever, /dev/zero never end
+        raise Unusable("not a regular file")
+    if limit is not None and st.st_size > limit:
+        raise Unusable(f"{st.st_size:,} bytes, over the {limit:,} a model card may take")
+    if limit is None:
+        limits.check_memory(3 * st.st_size, f"loading {shown}", "load it on a machine with more memory")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(st.st_size + 1)
+    except OSError as e:
+        raise Unusable(f"cannot read it ({e.strerror})") from None
+    if len(data) != st.st_size:
+        raise Unusable("it changed while being read")
+    return data
+
+
+def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor], card: dict) -> None:
+    """The tensors at `weights` and the card, with the weights' SHA-256 added, at `card_path`. Neither replaces a
+    file, and a failure leaves neither behind."""
+    shown = printable(str(weights))
+    temps: list[str] = []
+    made: list[Path] = []
+    try:
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        temps += [tempfile.mkstemp(prefix=".tmp-model-", dir=weights.parent)[1] for _ in range(2)]
+        meta = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION)}
+        safetensors.torch.save_file(tensors, temps[0], metadata=meta)
+        card = {**card, "weights_sha256": _sync(temps[0])}
+        with open(temps[1], "w", encoding="utf-8") as f:
+            f.write(json.dumps(card, indent=2, allow_nan=False) + "\n")
+        _sync(temps[1])
+        for tmp, final in ((temps[0], weights), (temps[1], card_path)):
+            _publish(tmp, final)
+            made.append(final)
+        _fsync_dir(weights.parent)
+        made = []  # both in place: nothing to undo
+    except _Taken:
+        raise
+    except (OSError, safetensors.SafetensorError, TypeError, ValueError) as e:  # ValueError: a NaN in the card
+        reason = getattr(e, "strerror", None) or printable(str(e))[:200]
+        raise ValueError(f"could not write the model {shown} ({reason}); free disk space or choose another --save "
+                         "path") from None
+    finally:
+        for p in [*temps, *made]:  # the temp files, and a weights file whose card could not follow it
+            _unlink(p)
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sync(path: str) -> str:
+    """fsync the file at `path`, make it readable like any result (mkstemp makes it private); its SHA-256."""
+    h = hashlib.sha256()
+    with open(path, "rb+") as f:
+        os.fchmod(f.fileno(), 0o644)
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+        os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+class _Taken(ValueError):
+    def __init__(self, final: Path):
+        super().__init__(f"{printable(str(final))} appeared while the model was being saved and is never replaced; "
+                         "choose a new --save path")
+
+
+def _publish(tmp: str, final: Path) -> None:
+    """`tmp`'s bytes at `final`, which must not exist: link(2) is atomic and fails if the name is taken."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        raise _Taken(final) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS):
+            raise
+        # A file system without hard links (FAT, some network shares): create exclusively, then copy. Not atomic
+        # against a crash, but it still never replaces a file.
+        with open(tmp, "rb") as src:
+            try:
+                dst = open(final, "xb")
+            except FileExistsError:
+                raise _Taken(final) from None
+            try:
+                with dst:
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+            except BaseException:
+                _unlink(final)  # ours, partly written
+                raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:  # the new names are durable only once the folder's entries are
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
