@@ -169,7 +169,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         raise ValueError(f"saved model weights {printable(str(weights))} are unusable: {e}; {_FIX}") from None
     net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))
     net.load_state_dict(tensors)  # names, shapes and dtypes were matched above
-    return TrainedModel(net, card).to(device)
+    return TrainedModel(net, card).to(device).eval()
 
 
 def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, image_size: int | None = None,

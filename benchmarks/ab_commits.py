@@ -1,0 +1,85 @@
+"""Timed seconds of one `speedrun train` command at two commits, run side by side in alternating processes.
+
+    python benchmarks/ab_commits.py --base 6a8562f --runs 5 -- \
+        --dataset synthetic:train=8192,test=256 --device cpu --epochs 1 --set batch_size=512 --set tta_level=0
+
+The base commit is checked out into a temporary git worktree; each round runs the base and then the working
+tree (this checkout), each a fresh process with PYTHONPATH on its own src/, after one untimed round of each. The
+result JSON's `train_seconds` of each process (the recipe's timed region) is compared: mean ± std per side, the
+difference with its 95% CI, Welch's p-value and the ratio of means (95% CI). What it answers: does a change cost
+the single-process path anything (issue 7, must-show 6)?
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from speedrun.results import write_json  # noqa: E402
+from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
+
+
+def _train_seconds(src: Path, args: list[str], scratch: Path, tag: str) -> float:
+    out = scratch / f"{tag}.json"
+    env = dict(os.environ, PYTHONPATH=str(src), SPEEDRUN_RESULTS=str(scratch))
+    done = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *args, "--quiet", "--json", str(out)],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{tag}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+    result = json.loads(out.read_text())
+    return result["runs"][0]["train_seconds"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the commit to compare against (e.g. the one before a change)")
+    parser.add_argument("--runs", type=int, default=5, help="timed processes per side")
+    parser.add_argument("--json", default=None, help="write the comparison here")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the `speedrun train` arguments")
+    args = parser.parse_args()
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "base"), args.base],
+                       check=True, capture_output=True)
+        try:
+            sides = {"base": tmp / "base" / "src", "new": ROOT / "src"}
+            seconds: dict[str, list[float]] = {"base": [], "new": []}
+            for name, src in sides.items():  # untimed: page cache, imports, first-use allocations
+                _train_seconds(src, train_args, tmp, f"warm-{name}")
+            for i in range(args.runs):
+                for name, src in sides.items():
+                    seconds[name].append(_train_seconds(src, train_args, tmp, f"{name}-{i}"))
+                    print(f"round {i + 1}/{args.runs} {name}: {seconds[name][-1]:.3f} s", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "base")],
+                           capture_output=True)
+    base, new = seconds["base"], seconds["new"]
+    diff, lo, hi = diff_ci95(new, base)
+    ratio, rlo, rhi = ratio_ci95(new, base)
+    _, p = welch_t_test(new, base)
+    report = {"benchmark": "ab_commits", "base": args.base, "train_args": train_args, "n": args.runs,
+              "seconds": {"base": base, "new": new},
+              "summary": {k: summarize(v).to_dict() for k, v in seconds.items()},
+              "diff_seconds": {"mean": diff, "ci95": [lo, hi]}, "ratio": {"mean": ratio, "ci95": [rlo, rhi]},
+              "welch_p": p}
+    for k in ("base", "new"):
+        s = summarize(seconds[k])
+        print(f"{k}: {s.mean:.3f} ± {s.std:.3f} s (n={s.n})")
+    print(f"new - base: {diff:+.3f} s (95% CI {lo:+.3f} .. {hi:+.3f}), Welch p = {p:.3f}; "
+          f"ratio {ratio:.3f} ({rlo:.3f} .. {rhi:.3f})")
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
