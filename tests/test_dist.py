@@ -203,3 +203,19 @@ def test_a_killed_worker_is_restarted_and_the_job_resumes_bitwise_equal(tmp_path
     assert result["world"]["restarts"] == 1 and result["complete"] is True
     assert len(result["resumed_from"]) == 1
     _assert_bitwise_equal(_weights(tmp_path / "model_a"), _weights(tmp_path / "model_b"))
+
+
+def test_a_signal_stops_a_run_at_the_next_step_without_a_checkpoint_folder(tmp_path):
+    """No --checkpoint-dir: SIGTERM still ends the run after its current step (not at the end of the run)."""
+    argv = [sys.executable, *SPEEDRUN, "--dataset", "synthetic:train=2048,test=128", "--epochs", "200",
+            *SMALL[:-1]]
+    proc = _start(argv, tmp_path)
+    for line in proc.stderr:  # the progress lines: the run has started once the first one appears
+        if line.startswith("run 1/1: step"):
+            break
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert time.monotonic() - start < 10  # 6,400 steps were left; one step takes milliseconds
+    assert err.strip().splitlines()[-1] == "speedrun: terminated (SIGTERM); no run had finished"

@@ -67,6 +67,9 @@ class Plan:
         if not world.is_main and chosen is not None:
             state, meta = load_checkpoint(chosen)
             found = (state, meta, Path(chosen))
+        if found is None and self.resume != "auto":
+            raise ValueError(f"no checkpoint in {printable(str(where))} to resume; give a checkpoint file or folder "
+                             "(--resume), or --resume auto to start afresh when there is none yet")
         if found is None:
             log(f"no checkpoint in {printable(str(where))} yet: starting afresh")
         else:

@@ -382,9 +382,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                     if state.step == total_steps:  # a run resumed from here takes only its final evaluation
                         state.last_batch = _epoch_row(epoch, state.step, loss, logits, targets, 0.0, world)
                     checkpoints.save(state.step, state.state_dict())
-                if stopping:
-                    raise stop.interrupt()
                 timer.start()
+            if stopping:  # a signal (on any process): the state is whole, and saved when a folder was given
+                raise stop.interrupt()
         guard.finish()
     if state.lookahead is not None:
         state.lookahead.update(1.0)  # final sync: the live net takes the averaged weights
