@@ -110,7 +110,7 @@ def test_save_eval_predict_and_load_round_trip(tmp_path, capsys):
     assert line.startswith(f"{image}: ") and {"cat", "dog"} <= set(line.replace(",", " ").split())
     model = speedrun.load("model")
     assert not model.training and model.classes == ["cat", "dog"]
-    x = torch.from_numpy(__import__("numpy").asarray(Image.open(image))).permute(2, 0, 1)[None]
+    x = torch.tensor(__import__("numpy").array(Image.open(image))).permute(2, 0, 1)[None]
     (top,) = model.predict(x, top=2)
     assert [c for c, _ in top] == sorted(["cat", "dog"], key=lambda c: -dict(top)[c])
     assert abs(sum(p for _, p in top) - 1) < 1e-5
