@@ -268,7 +268,12 @@ def find_checkpoint(where: str | Path, log: Callable[[str], None]) -> tuple[dict
     if not where.is_dir():
         if not where.exists() and where.suffix != ".safetensors":
             return None  # a --checkpoint-dir this run will create
-        state, meta = load_checkpoint(where)
+        try:
+            state, meta = load_checkpoint(where)
+        except CheckpointError as e:  # a file the user named: not theirs to delete, perhaps not a checkpoint at all
+            raise CheckpointError(f"{printable(str(where))} is not a usable speedrun checkpoint ({e.reason}); give a "
+                                  "checkpoint file (ckpt-RUN-STEP.safetensors) or its folder to --resume",
+                                  e.reason) from None
         return state, meta, where
     found = list_checkpoints(where)
     if not found:

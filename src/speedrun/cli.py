@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # argparse prints usage + error; we print one line
-        print(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        _say(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(line: str) -> None:
+    """One line on stderr in one write: under torchrun every process shares the terminal, and print's two writes
+    (text, then newline) let two processes' lines run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _prog() -> str:
     """'speedrun', or 'speedrun[rank R]' in a torchrun worker other than rank 0: a failure on any rank ends the
     job with that rank's one line, and the line says which."""
@@ -124,7 +131,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from speedrun.errors import SpeedrunWarning
 
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
-    print(f"{_prog()}: warning: {_one_line(message)}{kind}", file=sys.stderr)
+    _say(f"{_prog()}: warning: {_one_line(message)}{kind}")
 
 
 @contextlib.contextmanager
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
             return 128 + signal.SIGPIPE
         except OSError as exc:  # a full disk under `> file`
-            print(f"speedrun: error: cannot write the list ({exc.strerror})", file=sys.stderr)
+            _say(f"speedrun: error: cannot write the list ({exc.strerror})")
             return EXIT_USAGE
         return 0
     from speedrun.errors import Terminated
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 return saved.predict_command(args)
             return _train(args, argv)
     except ValueError as exc:
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        _say(f"{prog}: error: {_one_line(exc)}")
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
         if exc.strerror is None:
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
             fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
             text = f"{exc.strerror}{where}{fix}"
-        print(f"{prog}: error: {_one_line(text)}", file=sys.stderr)
+        _say(f"{prog}: error: {_one_line(text)}")
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
@@ -218,21 +225,21 @@ def main(argv: list[str] | None = None) -> int:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
         if prog != "speedrun":  # rank 0 reports the interrupt for the job
             return 143 if isinstance(exc, Terminated) else 130
-        print(f"{prog}: {what}; {_one_line(where)}", file=sys.stderr)
+        _say(f"{prog}: {what}; {_one_line(where)}")
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
         if _out_of_memory(exc):
-            print(f"{prog}: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
-                  "(--set ...), or use fewer or smaller images", file=sys.stderr)
+            _say(f"{prog}: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
+                  "(--set ...), or use fewer or smaller images")
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
         if _peer_lost(exc):
-            print(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
-                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]})", file=sys.stderr)
+            _say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
+                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]})")
             return EXIT_INTERNAL
-        print(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
-              "SPEEDRUN_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        _say(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
+              "SPEEDRUN_TRACEBACK=1 shows the traceback)")
         return EXIT_INTERNAL
 
 

@@ -11,6 +11,7 @@ state holds is the family's TrainState. This module joins them to a multi-run co
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from speedrun import dist
-from speedrun.checkpoint import CheckpointError, check_compatible, find_checkpoint, load_checkpoint, save_checkpoint
+from speedrun.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
+                                 load_checkpoint, save_checkpoint)
 from speedrun.engine import RunResult
 from speedrun.errors import printable
 from speedrun.results import load_result
@@ -37,10 +39,13 @@ class Plan:
     save_path: Path | None  # the saved model's stem (saved.model_paths)
 
     @classmethod
-    def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, save, world: dist.World) -> Plan:
+    def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, save, world: dist.World,
+             json_path=None) -> Plan:
         """The flags checked together, before any work; rank 0 checks the paths it will write."""
         directory = None if checkpoint_dir is None else Path(os.fspath(checkpoint_dir)).expanduser()
         resume = None if resume is None else os.fspath(resume)
+        if resume == "":
+            raise ValueError("--resume is empty; give a checkpoint file or folder, or auto")
         if directory is None and every_steps is not None:
             raise ValueError("--checkpoint-every needs a folder to write to: add --checkpoint-dir DIR")
         if resume == "auto" and directory is None:
@@ -48,13 +53,23 @@ class Plan:
                              "--resume a checkpoint file")
         if resume is None and directory is not None and world.restarts > 0:
             resume = "auto"  # torchrun restarted the worker group: continue where the last checkpoint left off
+        if directory is not None and str(directory) == "":
+            raise ValueError("--checkpoint-dir is empty; give a folder")
         if directory is not None and world.is_main:
             _check_writable_dir(directory)
+            if resume is None and list_checkpoints(directory):
+                raise ValueError(f"{printable(str(directory))} already holds checkpoints (of another command, or an "
+                                 "earlier one of this); add --resume auto to continue from them, or choose a new "
+                                 "--checkpoint-dir")
         save_path = None
         if save is not None:
             from speedrun import saved
 
             save_path = saved.check_save_path(save) if world.is_main else Path(os.fspath(save))
+            if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
+                    p.resolve() for p in saved.model_paths(save)]:
+                raise ValueError(f"--save {printable(os.fspath(save))} would write the result file's name "
+                                 f"({printable(os.fspath(json_path))}); choose another --save or --json")
         return cls(directory, every_steps, keep, resume, save_path)
 
     def find(self, world: dist.World, log: Callable[[str], None]) -> Found | None:
@@ -84,10 +99,11 @@ class Plan:
         if found is None:
             return 0, None, []
         state, saved, path = found
-        check_compatible(saved, meta, path, may_differ)
+        # The dataset as typed may differ (a relative path, say): its content is in meta["data"].
+        check_compatible(saved, meta, path, may_differ | {"dataset"})
         try:
             run = saved["run"]
-            finished = [RunResult.from_dict(d) for d in saved["finished"]]
+            finished = _check_finished(saved["finished"], meta["seed"])
             if not isinstance(run, int) or isinstance(run, bool) or run < 0 or len(finished) != run:
                 raise TypeError("run index")
         except (KeyError, TypeError, AttributeError) as e:
@@ -112,9 +128,12 @@ class Plan:
             old = load_result(path) if path.is_file() and path.stat().st_size else None
         except (OSError, ValueError):
             return None
-        finished = found[1].get("finished")
-        if (old is None or old.get("recipe") != found[1].get("recipe") or old.get("complete") is not False
-                or not isinstance(finished, list)
+        meta = found[1]
+        finished = meta.get("finished")
+        if (old is None or old.get("complete") is not False or not isinstance(finished, list)
+                or not all(isinstance(r, dict) for r in finished + old.get("runs", []))
+                or [old.get(k) for k in ("recipe", "dataset", "config")] !=
+                   [meta.get("recipe"), meta.get("dataset"), _as_json(meta.get("config"))]
                 or [r.get("seed") for r in old.get("runs", [])] != [r.get("seed") for r in finished]):
             return None
         return path
@@ -123,7 +142,7 @@ class Plan:
         if self.directory is None:
             return None
         return Checkpoints(self.directory, self.every_steps, self.keep, world,
-                           {**meta, "result_path": None if result_path is None else str(result_path)})
+                           {**meta, "result_path": None if result_path is None else str(Path(result_path).resolve())})
 
     def save_model(self, model, card: dict, recipe, cfg, dataset: str, run: RunResult) -> str:
         import dataclasses
@@ -133,6 +152,32 @@ class Plan:
         card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
                 "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}
         return saved.save_model(self.save_path, dist.unwrap(model), card)
+
+
+def _as_json(value):
+    """`value` as it reads back from a JSON file (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _check_finished(records, first_seed: int) -> list[RunResult]:
+    """The runs a checkpoint lists as finished, checked like any field of a file from elsewhere."""
+    def number(x, low=0.0, high=math.inf, none=False) -> bool:
+        return (x is None and none) or (isinstance(x, (int, float)) and not isinstance(x, bool)
+                                        and math.isfinite(x) and low <= x <= high)
+
+    if not isinstance(records, list):
+        raise TypeError("'finished' is not a list")
+    runs = []
+    for i, r in enumerate(records):
+        ok = (isinstance(r, dict) and r.get("seed") == first_seed + i and number(r.get("accuracy"), 0, 1, True)
+              and number(r.get("train_seconds"), none=True) and number(r.get("epochs"))
+              and isinstance(r.get("steps"), int) and r["steps"] >= 0 and isinstance(r.get("history"), list)
+              and all(isinstance(h, dict) for h in r["history"]) and isinstance(r.get("diverged"), (dict, type(None)))
+              and (r.get("diverged") is None) == (r.get("accuracy") is not None))
+        if not ok:
+            raise TypeError(f"finished run {i + 1}")
+        runs.append(RunResult.from_dict(r))
+    return runs
 
 
 def _check_writable_dir(directory: Path) -> None:

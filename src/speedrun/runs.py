@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from speedrun import dist
+from speedrun.checkpoint import list_checkpoints
 from speedrun.config import apply_overrides
 from speedrun.data import limits
 from speedrun.engine import Diverged, RunResult, resolve_device
@@ -198,7 +199,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     dev = dist.device_for(world, resolve_device(device))
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
     dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
-    plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world)
+    plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world, json_path)
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
     written, claimed, in_step = False, None, False
@@ -218,8 +219,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 cfg, data = family.smoke(cfg, data)
             for message in family.check(cfg, data, dev, world):
                 warn(message)
-            meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg), "data": family.data_signature(data),
-                    "seed": seed}
+            meta = {"recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
+                    "data": family.data_signature(data), "seed": seed}
             first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
@@ -281,7 +282,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             # What the CLI's last line says: how many runs were kept, and where.
             interrupt.runs_kept = len(result.runs)
             interrupt.result_path = json_path if result.runs else None
-            interrupt.checkpoint_dir = plan.directory
+            interrupt.checkpoint_dir = plan.directory if plan.directory and list_checkpoints(plan.directory) else None
             if not result.runs:
                 in_step = getattr(interrupt, "in_step", False)
                 raise

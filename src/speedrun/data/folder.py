@@ -253,8 +253,8 @@ def decode_one(path: str, image_size: int | None = None) -> np.ndarray:
     resize as `decode` (for `speedrun predict`). A file that cannot be used raises one ValueError naming it."""
     try:
         pixels = _read(path, image_size, None)
-    except _Refused as e:
-        raise ValueError(str(e)) from None
+    except _Refused as e:  # the folder reader's advice is for a dataset's files; this one is the user's input
+        raise ValueError(str(e).replace("; delete it or convert it to PNG", "; give a JPEG or PNG file")) from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 

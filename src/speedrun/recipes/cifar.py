@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from speedrun import dist
+from speedrun.checkpoint import CheckpointError
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
@@ -273,17 +274,37 @@ class TrainState:
                 "epochs_done": self.epochs_done, "history": self.history, "last_batch": self.last_batch,
                 "rng": rng_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])  # copies into the live tensors: Lookahead's views stay valid
-        for opt, saved in zip(self.optimizers, state["optimizers"], strict=True):
-            opt.load_state_dict(saved)
-        if self.lookahead is not None:
-            torch._foreach_copy_(self.lookahead.slow, [t.to(self.model.whiten.weight.device)
-                                                       for t in state["lookahead"]])
-        self.step, self.whiten_bias_frozen = state["step"], state["whiten_bias_frozen"]
-        self.seconds, self.epochs_done, self.history = state["seconds"], state["epochs_done"], list(state["history"])
-        self.last_batch = state["last_batch"]
-        set_rng_state(state["rng"])
+    def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
+        """Restore from a checkpoint's state. A checkpoint is a file from elsewhere: its checksum proves it whole,
+        not well-formed, so every part is checked against this run before use (CheckpointError, one line)."""
+        try:
+            self.model.load_state_dict(state["model"])  # copies into the live tensors: Lookahead's views stay valid
+            if len(state["optimizers"]) != len(self.optimizers):
+                raise ValueError(f"{len(state['optimizers'])} optimizer states for {len(self.optimizers)} optimizers")
+            for opt, saved in zip(self.optimizers, state["optimizers"]):
+                opt.load_state_dict(saved)
+                for p, buffers in opt.state.items():  # momentum buffers: the shape of their parameter
+                    if any(isinstance(b, torch.Tensor) and b.ndim and b.shape != p.shape for b in buffers.values()):
+                        raise ValueError("an optimizer buffer's shape is not its parameter's")
+            if self.lookahead is not None:
+                slow = state["lookahead"]
+                if [t.shape for t in slow] != [t.shape for t in self.lookahead.slow]:
+                    raise ValueError("Lookahead's averages do not match the network")
+                torch._foreach_copy_(self.lookahead.slow, [t.to(self.model.whiten.weight.device) for t in slow])
+            step, seconds, done, history, last = (state[k] for k in ("step", "seconds", "epochs_done", "history",
+                                                                     "last_batch"))
+            if not (type(step) is int and 0 <= step <= total_steps and type(done) is int and 0 <= done <= step
+                    and isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
+                    and type(state["whiten_bias_frozen"]) is bool and isinstance(history, list)
+                    and all(isinstance(row, dict) for row in history) and isinstance(last, (dict, type(None)))):
+                raise ValueError("step, timed seconds, frozen flag or history out of range")
+            self.step, self.whiten_bias_frozen = step, state["whiten_bias_frozen"]
+            self.seconds, self.epochs_done, self.history, self.last_batch = seconds, done, list(history), last
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+            raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
+                                  "or start afresh without --resume") from None
 
 
 def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
@@ -337,7 +358,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         state.lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
     else:
         state.lookahead = Lookahead(model) if cfg.lookahead else None
-        state.load_state_dict(resume)
+        state.load_state_dict(resume, total_steps)
         timer.seconds = state.seconds
         timer.start()
     model.whiten.bias.requires_grad_(not state.whiten_bias_frozen)

@@ -4,6 +4,7 @@ test, notes, what a checkpoint and a saved model must agree on. The training loo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from typing import TYPE_CHECKING
 
@@ -80,9 +81,13 @@ def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.Wor
 
 
 def data_signature(data: Dataset) -> dict:
-    """What a checkpoint must have been trained on to be resumed with this data."""
+    """What a checkpoint must have been trained on to be resumed with this data: sizes, and a SHA-256 of every
+    image and label (the same counts of other images must not pass; 0.1 s for CIFAR-10's 184 MB)."""
+    h = hashlib.sha256()
+    for t in (data.train_images, data.train_labels, data.test_images, data.test_labels):
+        h.update(t.contiguous().numpy().data)
     return {"name": data.name, "image_shape": list(data.image_shape), "num_train": len(data.train_labels),
-            "num_test": len(data.test_labels), "num_classes": data.num_classes}
+            "num_test": len(data.test_labels), "num_classes": data.num_classes, "sha256": h.hexdigest()}
 
 
 def model_card(cfg: CifarConfig, data: Dataset) -> dict:
