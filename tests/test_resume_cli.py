@@ -116,3 +116,98 @@ def test_save_eval_predict_and_load_round_trip(tmp_path, capsys):
     assert abs(sum(p for _, p in top) - 1) < 1e-5
     assert main(["train", *train[:-2], "--save", "model"]) == 2  # never replaced
     assert "already exists" in _error(capsys)
+
+
+def _craft(directory: str, change) -> Path:
+    """The newest checkpoint in `directory`, changed by `change(state, meta)` and written again: a valid file
+    (checksum and all) whose content is wrong, as a hostile or buggy writer could make it."""
+    from speedrun.checkpoint import load_checkpoint, save_checkpoint
+
+    newest = list_checkpoints(Path(directory))[0]
+    state, meta = load_checkpoint(newest)
+    change(state, meta)
+    return save_checkpoint(directory, meta["run"], meta["step"], state, meta, keep=10)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda s, m: s.update(step=10**30), "does not fit this run"),
+    (lambda s, m: s.update(step="8"), "does not fit this run"),
+    (lambda s, m: s.update(seconds=-1e9), "does not fit this run"),
+    (lambda s, m: s.update(history="abc"), "does not fit this run"),
+    (lambda s, m: s.pop("model"), "does not fit this run"),
+    (lambda s, m: s.update(optimizers=[]), "does not fit this run"),
+    (lambda s, m: s["rng"].update(python=(3, (1, 2), None)), "does not fit this run"),
+    (lambda s, m: m["finished"][0].update(accuracy="nope"), "malformed run records"),
+    (lambda s, m: m["finished"][0].update(seed=None), "malformed run records"),
+    (lambda s, m: m.update(finished="x"), "malformed run records"),
+])
+def test_a_well_formed_checkpoint_with_wrong_content_is_one_line_before_training(change, fragment, capsys,
+                                                                                   monkeypatch):
+    from speedrun.recipes import cifar
+
+    argv = ["train", *SMALL, "--runs", "3", "--checkpoint-dir", "ck", "--checkpoint-every", "2"]
+    real = cifar.train_run
+    calls = []
+
+    def two_runs_then_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cifar, "train_run", two_runs_then_stop)
+    assert main(argv) == 130
+    monkeypatch.setattr(cifar, "train_run", real)
+    _craft("ck", change)
+    trained = []
+    real_step = cifar.train_step
+    monkeypatch.setattr(cifar, "train_step", lambda *a, **k: trained.append(1) or real_step(*a, **k))
+    capsys.readouterr()
+    assert main([*argv, "--resume", "auto"]) == 2
+    assert fragment in _error(capsys) and not trained
+
+
+def test_a_resumed_command_never_continues_another_commands_result(tmp_path, capsys, monkeypatch):
+    """The checkpoint names a result file; a file of that name holding another experiment is left alone."""
+    from speedrun.recipes import cifar
+
+    real, calls = cifar.train_run, []
+
+    def one_run_then_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cifar, "train_run", one_run_then_stop)
+    assert main(["train", *SMALL, "--runs", "2", "--checkpoint-dir", "ck", "--json", "r.json"]) == 130
+    monkeypatch.setattr(cifar, "train_run", real)
+    theirs = json.loads(Path("r.json").read_text())
+    theirs["config"]["lr_per_1024"] = 5.0  # now the partial result of another experiment, same name
+    Path("r.json").write_text(json.dumps(theirs))
+    before = Path("r.json").read_text()
+    assert main(["train", *SMALL, "--runs", "2", "--checkpoint-dir", "ck", "--resume", "auto"]) == 0
+    assert Path("r.json").read_text() == before
+    (mine,) = Path("results").iterdir()
+    assert [r["seed"] for r in json.loads(mine.read_text())["runs"]] == [0, 1]
+
+
+def test_setups_that_would_lose_work_are_refused_before_any_data(capsys):
+    assert main(["train", *SMALL, "--checkpoint-dir", "ck"]) == 0
+    # A fresh command into a folder holding checkpoints would replace and rotate them away.
+    assert main(["train", *SMALL, "--set", "lr_per_1024=5", "--checkpoint-dir", "ck"]) == 2
+    assert "already holds checkpoints" in _error(capsys)
+    # The same counts of other images: the data's SHA-256 differs.
+    other = [a.replace("train=256,test=32", "train=256,test=32,seed=7") for a in SMALL]
+    assert main(["train", *other, "--checkpoint-dir", "ck", "--resume", "auto"]) == 2
+    assert "data.sha256=" in _error(capsys)
+    # --save whose card would take the result file's name: refused before training, not after.
+    assert main(["train", *SMALL, "--save", "same", "--json", "same.json"]) == 2
+    assert "--save same would write the result file's name" in _error(capsys)
+    assert main(["train", *SMALL, "--resume", str(Path("ck") / "nope.safetensors")]) == 2
+    _error(capsys)
+    Path("mine.json").write_text("{}")
+    assert main(["train", *SMALL, "--resume", "mine.json"]) == 2
+    err = _error(capsys)
+    assert "is not a usable speedrun checkpoint" in err and "delete" not in err
+    assert Path("mine.json").read_text() == "{}"
