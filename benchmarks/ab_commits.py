@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from speedrun.results import write_json  # noqa: E402
+from speedrun.results import device_label, environment, mean_std_text, write_json  # noqa: E402
 from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
 
 
@@ -36,6 +36,21 @@ def _train_seconds(src: Path, args: list[str], scratch: Path, tag: str) -> float
         raise SystemExit(f"{tag}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
     result = json.loads(out.read_text())
     return result["runs"][0]["train_seconds"]
+
+
+def markdown(report: dict) -> str:
+    """BENCHMARKS.md rows (benchmarks/table.py): one per side, the working tree's with its ratio to the base."""
+    env, cmd = report["environment"], report["command"].replace("|", "\\|")
+    ratio, diff = report["ratio"], report["diff_seconds"]
+    lines = ["| date | device | command | side | n | timed s (mean ± std) | new / base (95% CI), Welch p |",
+             "|---|---|---|---|---|---|---|"]
+    for side in ("base", "new"):
+        label = f"base {report['base']}" if side == "base" else f"new {env.get('git_commit', '')[:7]}"
+        versus = ("1 (reference)" if side == "base" else
+                  f"{ratio['mean']:.3f} ({ratio['ci95'][0]:.3f} to {ratio['ci95'][1]:.3f}), p = {report['welch_p']:.2f}")
+        lines.append(f"| {env['timestamp_utc'][:10]} | {device_label(env)} | `{cmd}` | {label} | {report['n']} | "
+                     f"{mean_std_text(report['summary'][side], 1, 3)} | {versus} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -66,7 +81,12 @@ def main() -> int:
     diff, lo, hi = diff_ci95(new, base)
     ratio, rlo, rhi = ratio_ci95(new, base)
     _, p = welch_t_test(new, base)
-    report = {"benchmark": "ab_commits", "base": args.base, "train_args": train_args, "n": args.runs,
+    device = train_args[train_args.index("--device") + 1] if "--device" in train_args else "auto"
+    from speedrun.engine import resolve_device
+
+    report = {"benchmark": "ab_commits", "command": " ".join(["python", "benchmarks/ab_commits.py", *sys.argv[1:]]),
+              "environment": environment(resolve_device(device)), "base": args.base,
+              "train_args": train_args, "n": args.runs,
               "seconds": {"base": base, "new": new},
               "summary": {k: summarize(v).to_dict() for k, v in seconds.items()},
               "diff_seconds": {"mean": diff, "ci95": [lo, hi]}, "ratio": {"mean": ratio, "ci95": [rlo, rhi]},

@@ -21,7 +21,7 @@ from speedrun.results import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
-BENCHMARKS = ("vs_airbench", "step_time")  # scripts beside this one, each with markdown(report) -> str
+BENCHMARKS = ("vs_airbench", "step_time", "ab_commits")  # scripts beside this one, each with markdown(report) -> str
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
 

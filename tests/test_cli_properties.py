@@ -67,6 +67,7 @@ def _parts(root: str) -> list[dict]:
     json_paths = {"fresh": os.path.join(root, "out", "r.json"), "existing": os.path.join(root, "existing.json"),
                   "dir": root, "under-file": os.path.join(root, "existing.json", "r.json"),
                   "too-long": os.path.join(root, "x" * 300)}
+    ckpt = os.path.join(root, "ckpt")
     return [
         {"good": st.one_of(st.sampled_from(sorted(runs.RECIPES)).map(lambda r: [r]), st.just([])),
          "bad": st.text("abcxyz-0123456789", min_size=1, max_size=10).filter(
@@ -98,11 +99,22 @@ def _parts(root: str) -> list[dict]:
          "bad": st.sampled_from([["--bogus"], ["-x"], ["--epoch", "1"], ["--runs"]])},
         {"good": st.just(json_paths["fresh"]), "bad": st.sampled_from(sorted(set(json_paths) - {"fresh"})).map(
             json_paths.get)},
+        # Checkpoints and resume (a fresh folder; `auto` in an empty one starts afresh).
+        {"good": st.sampled_from([[], ["--checkpoint-dir", ckpt], ["--checkpoint-dir", ckpt, "--resume", "auto"],
+                                  ["--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--keep-checkpoints", "1"]]),
+         "bad": st.sampled_from([["--resume", "auto"], ["--checkpoint-every", "5"], ["--checkpoint-dir", ""],
+                                 ["--checkpoint-dir", ckpt, "--checkpoint-every", "0"],
+                                 ["--checkpoint-dir", ckpt, "--keep-checkpoints", "0"],
+                                 ["--checkpoint-dir", json_paths["existing"]],
+                                 ["--resume", os.path.join(root, "none.safetensors")],
+                                 ["--resume", json_paths["existing"]], ["--resume", ""]])},
+        {"good": st.sampled_from([[], ["--save", os.path.join(root, "model")]]),
+         "bad": st.sampled_from([["--save", json_paths["existing"]], ["--save", root], ["--save", ""]])},
     ]
 
 
 FLAGS = [None, "--dataset", "--epochs", "--runs", "--seed", "--device", "--image-size", None, None, None, None,
-         "--json"]  # the flag before each part's value (None: the part is its own tokens)
+         "--json", None, None]  # the flag before each part's value (None: the part is its own tokens)
 
 
 @st.composite

@@ -75,6 +75,7 @@ def test_two_processes_follow_one_processs_loss_curve(folder, tmp_path):
     assert max(abs(x - y) for x, y in zip(a, b)) < seed_gap / 2, (a, b, s)
     result = json.loads((tmp_path / "two.json").read_text())
     assert result["world"] == {"processes": 2, "nodes": 1, "backend": "gloo", "restarts": 0}
+    assert result["command"].startswith("torchrun --standalone --nproc_per_node=2 -m speedrun train --dataset")
 
 
 _SUM_SCRIPT = """

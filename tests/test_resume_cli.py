@@ -3,6 +3,7 @@ are in test_dist.py; the file formats' hostile cases in test_checkpoint.py and t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 from pathlib import Path
@@ -118,6 +119,24 @@ def test_save_eval_predict_and_load_round_trip(tmp_path, capsys):
     assert "already exists" in _error(capsys)
 
 
+@contextlib.contextmanager
+def _interrupted_at_run(n: int, monkeypatch):
+    """Inside the block, the command is interrupted (as by Ctrl-C) when run n starts."""
+    from speedrun.recipes import cifar
+
+    real, calls = cifar.train_run, []
+
+    def run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cifar, "train_run", run)
+    yield
+    monkeypatch.setattr(cifar, "train_run", real)
+
+
 def _craft(directory: str, change) -> Path:
     """The newest checkpoint in `directory`, changed by `change(state, meta)` and written again: a valid file
     (checksum and all) whose content is wrong, as a hostile or buggy writer could make it."""
@@ -146,18 +165,8 @@ def test_a_well_formed_checkpoint_with_wrong_content_is_one_line_before_training
     from speedrun.recipes import cifar
 
     argv = ["train", *SMALL, "--runs", "3", "--checkpoint-dir", "ck", "--checkpoint-every", "2"]
-    real = cifar.train_run
-    calls = []
-
-    def two_runs_then_stop(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cifar, "train_run", two_runs_then_stop)
-    assert main(argv) == 130
-    monkeypatch.setattr(cifar, "train_run", real)
+    with _interrupted_at_run(3, monkeypatch):
+        assert main(argv) == 130
     _craft("ck", change)
     trained = []
     real_step = cifar.train_step
@@ -169,19 +178,8 @@ def test_a_well_formed_checkpoint_with_wrong_content_is_one_line_before_training
 
 def test_a_resumed_command_never_continues_another_commands_result(tmp_path, capsys, monkeypatch):
     """The checkpoint names a result file; a file of that name holding another experiment is left alone."""
-    from speedrun.recipes import cifar
-
-    real, calls = cifar.train_run, []
-
-    def one_run_then_stop(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cifar, "train_run", one_run_then_stop)
-    assert main(["train", *SMALL, "--runs", "2", "--checkpoint-dir", "ck", "--json", "r.json"]) == 130
-    monkeypatch.setattr(cifar, "train_run", real)
+    with _interrupted_at_run(2, monkeypatch):
+        assert main(["train", *SMALL, "--runs", "2", "--checkpoint-dir", "ck", "--json", "r.json"]) == 130
     theirs = json.loads(Path("r.json").read_text())
     theirs["config"]["lr_per_1024"] = 5.0  # now the partial result of another experiment, same name
     Path("r.json").write_text(json.dumps(theirs))

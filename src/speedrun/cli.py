@@ -159,6 +159,20 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
 
 
+def _command(argv: list[str]) -> str:
+    """The command line for the result file. A torchrun worker sees only its own arguments: the launcher is
+    reconstructed from torchrun's environment (its rendezvous flags are not visible, and are elided for several
+    machines)."""
+    own = shlex.join(["speedrun", *argv])
+    size, local = os.environ.get("WORLD_SIZE", "1"), os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if size == "1" or not size.isdigit() or not local.isdigit() or int(local) < 1:
+        return own
+    nodes = int(size) // int(local)
+    launcher = (f"torchrun --standalone --nproc_per_node={local}" if nodes == 1 else
+                f"torchrun --nnodes={nodes} --nproc_per_node={local} --rdzv_endpoint=...")
+    return f"{launcher} -m {own}"
+
+
 def _train(args, argv: list[str]) -> int:
     from speedrun import runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
@@ -167,7 +181,7 @@ def _train(args, argv: list[str]) -> int:
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
                         json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
-                        command=shlex.join(["speedrun", *argv]), checkpoint_dir=args.checkpoint_dir,
+                        command=_command(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0

@@ -53,7 +53,7 @@ class Plan:
                              "--resume a checkpoint file")
         if resume is None and directory is not None and world.restarts > 0:
             resume = "auto"  # torchrun restarted the worker group: continue where the last checkpoint left off
-        if directory is not None and str(directory) == "":
+        if checkpoint_dir is not None and not os.fspath(checkpoint_dir).strip():  # Path("") would mean "."
             raise ValueError("--checkpoint-dir is empty; give a folder")
         if directory is not None and world.is_main:
             _check_writable_dir(directory)
@@ -92,7 +92,7 @@ class Plan:
                 f"step {found[1].get('step')})")
         return found
 
-    def check_found(self, found: Found | None, meta: dict, may_differ: frozenset[str],
+    def check_found(self, found: Found | None, meta: dict | None, may_differ: frozenset[str],
                     runs: int) -> tuple[int, dict | None, list[RunResult]]:
         """(first run to train, its state to resume, the runs finished before it) after checking that the
         checkpoint was made by this recipe, config, data and seed."""

@@ -219,8 +219,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 cfg, data = family.smoke(cfg, data)
             for message in family.check(cfg, data, dev, world):
                 warn(message)
-            meta = {"recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
-                    "data": family.data_signature(data), "seed": seed}
+            # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
+            meta = None if plan.directory is None and found is None else {
+                "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
+                "data": family.data_signature(data), "seed": seed}
             first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)

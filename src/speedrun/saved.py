@@ -50,6 +50,9 @@ def check_save_path(path: str | os.PathLike) -> Path:
     """Before training: refuse (ValueError) a path whose files exist or whose folder cannot be made or written.
     Returns the path without suffix; creates nothing."""
     weights, card = model_paths(path)
+    if os.path.isdir(os.fsdecode(path)):  # "models" meant as the folder to save into, most likely
+        raise ValueError(f"--save {printable(os.fsdecode(path))} is a folder; give a file name in it, such as "
+                         f"{printable(os.path.join(os.fsdecode(path), 'model'))} (written as .safetensors + .json)")
     for p in (weights, card):
         if len(os.fsencode(p.name)) > 255:
             raise ValueError(f"model file name {printable(p.name)[:60]}... is over 255 bytes; choose a shorter --save "
