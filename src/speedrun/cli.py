@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--keep-checkpoints", type=int, default=2, metavar="K", help="keep the newest K (default 2)")
     t.add_argument("--resume", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint file, or 'auto': the newest usable one in --checkpoint-dir")
+    t.add_argument("--price-per-hour", type=_float, default=None, metavar="USD",
+                   help="dollars per device-hour for the result's cost (default: a table of GPU prices, cost.py)")
     t.add_argument("--save", default=None, metavar="PATH",
                    help="write the trained network: PATH.safetensors + PATH.json (for eval, predict, speedrun.load)")
     e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
@@ -183,7 +185,8 @@ def _train(args, argv: list[str]) -> int:
                         json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
                         command=_command(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                        resume=args.resume, save=args.save, overrides=overrides)
+                        resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
+                        overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 

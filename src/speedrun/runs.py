@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from speedrun import dist
+from speedrun import cost, dist
 from speedrun.checkpoint import list_checkpoints
 from speedrun.config import apply_overrides
 from speedrun.data import limits
@@ -98,6 +98,8 @@ class Result:
     world: dict = field(default_factory=lambda: dist.World().to_dict())  # processes, nodes, backend, restarts
     resumed_from: list[str] = field(default_factory=list)  # checkpoints this result continued from
     saved_model: str | None = None  # --save: the trained network's files
+    wall_seconds: float = 0.0  # the whole command: settings, data, warm-up, every run, writing
+    price: cost.Price | None = None  # of one device-hour (cost.py); None: no cost is shown
     model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
 
     @property
@@ -130,6 +132,16 @@ class Result:
         """Share of finished runs reaching the recipe's target accuracy."""
         return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished) if self.finished else None
 
+    def costs(self) -> dict | None:
+        """US dollars: the mean timed region of a run, and the whole command, on every process's device."""
+        if self.price is None:
+            return None
+        devices = self.world.get("processes", 1)
+        timed = summarize([r.train_seconds for r in self.finished]).mean if self.finished else None
+        return {**self.price.to_dict(), "devices": devices,
+                "timed_usd_per_run": cost.dollars(timed, self.price, devices),
+                "wall_usd": cost.dollars(self.wall_seconds, self.price, devices)}
+
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies).to_dict() if self.finished else None
         secs = summarize([r.train_seconds for r in self.finished]).to_dict() if self.finished else None
@@ -144,6 +156,7 @@ class Result:
             "complete": self.complete, "interrupted": self.interrupted, "runs_requested": self.runs_requested,
             "diverged_runs": self.diverged_runs, "image_size": self.image_size,
             "world": self.world, "resumed_from": self.resumed_from, "saved_model": self.saved_model,
+            "wall_seconds": self.wall_seconds, "cost": self.costs(),
             "seeds": [r.seed for r in self.runs],
             "runs": [r.to_dict() for r in self.runs], "config": self.config,
             "environment": self.environment,
@@ -155,7 +168,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
           image_size: int | None = None, json_path: str | Path | None = None, verbose: bool = False,
           summary: bool | None = None, command: str | None = None, smoke: bool = False,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
-          resume: str | Path | None = None, save: str | Path | None = None,
+          resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
           overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
@@ -170,11 +183,13 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     end of each run and on SIGINT/SIGTERM, keeping the newest `keep_checkpoints`. resume: a checkpoint file, or
     "auto" for the newest usable one in checkpoint_dir (none yet: start afresh); under torchrun a restarted worker
     group resumes by itself. save: write the last run's trained network there (saved.py; `speedrun.load`).
+    price_per_hour: US dollars per device-hour for the result's cost (default: cost.py's table by device name).
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
     Every setting is checked before data is read, and the data against the config before any step is taken.
     """
     from speedrun import display, resume as resuming  # rich is imported only when something is shown
 
+    began = time.perf_counter()
     path_like = (str, os.PathLike, type(None))
     _check_types(dataset=(dataset, path_like, "a dataset name or path (--dataset)"),
                  device=(device, (str,), "a device name such as 'cpu' (--device)"),
@@ -195,6 +210,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     if checkpoint_every is not None:
         checkpoint_every = _check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
     cfg = make_config(rec, epochs, {**(overrides or {}), **config_overrides})
+    cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
     world = dist.from_env()
     dev = dist.device_for(world, resolve_device(device))
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
@@ -237,11 +253,13 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                             runs=finished, environment=env, data_seconds=data_seconds, runs_requested=runs,
                             smoke_test=smoke, image_size=image_size, command=command,
                             timed_region=family.timed_region(cfg), world=world.to_dict(),
-                            resumed_from=[str(found[2])] if found else [])
+                            resumed_from=[str(found[2])] if found else [],
+                            price=cost.price_for(env["device_name"], price_per_hour))
             checkpoints = plan.checkpoints(meta, json_path, world)
 
         def save() -> None:
             nonlocal written
+            result.wall_seconds = time.perf_counter() - began
             if json_path is not None and world.is_main:
                 write_json(json_path, result.to_dict())
                 written = True
