@@ -46,8 +46,9 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for side in ("base", "new"):
         label = f"base {report['base']}" if side == "base" else f"new {env.get('git_commit', '')[:7]}"
+        lo, hi = ratio["ci95"]
         versus = ("1 (reference)" if side == "base" else
-                  f"{ratio['mean']:.3f} ({ratio['ci95'][0]:.3f} to {ratio['ci95'][1]:.3f}), p = {report['welch_p']:.2f}")
+                  f"{ratio['mean']:.3f} ({lo:.3f} to {hi:.3f}), p = {report['welch_p']:.2f}")
         lines.append(f"| {env['timestamp_utc'][:10]} | {device_label(env)} | `{cmd}` | {label} | {report['n']} | "
                      f"{mean_std_text(report['summary'][side], 1, 3)} | {versus} |")
     return "\n".join(lines)

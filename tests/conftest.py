@@ -84,3 +84,18 @@ def snapshot(*roots) -> set[str]:
         for d, _, files in os.walk(root):
             found.update(os.path.join(d, f) for f in files)
     return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _results_database_in_a_temp_folder(tmp_path_factory):
+    """Commands write their results into a database (db.py); the tests' own, never the user's. Set in os.environ so
+    that the subprocesses of tests (torchrun, the CLI) inherit it."""
+    import os
+
+    previous = os.environ.get("SPEEDRUN_DB")
+    os.environ["SPEEDRUN_DB"] = str(tmp_path_factory.mktemp("db") / "results.db")
+    yield
+    if previous is None:
+        os.environ.pop("SPEEDRUN_DB", None)
+    else:
+        os.environ["SPEEDRUN_DB"] = previous

@@ -22,7 +22,6 @@ from safetensors.torch import load_file
 from conftest import make_tiny
 from speedrun.checkpoint import list_checkpoints
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 SPEEDRUN = ["-m", "speedrun", "train"]
 SMALL = ["--device", "cpu", "--set", "batch_size=64", "--set", "widths=16,32,32", "--set", "whiten_images=256",
@@ -43,7 +42,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def _run(argv, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = dict(ENV, SPEEDRUN_DATA=str(cwd / "cache"), SPEEDRUN_RESULTS=str(cwd / "results"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDRUN_DATA=str(cwd / "cache"), SPEEDRUN_RESULTS=str(cwd / "results"))
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -123,7 +122,7 @@ def _signal_when(proc: subprocess.Popen, directory: Path, step: int, send) -> No
 
 
 def _start(argv, cwd: Path) -> subprocess.Popen:
-    env = dict(ENV, SPEEDRUN_DATA=str(cwd / "cache"), SPEEDRUN_RESULTS=str(cwd / "results"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDRUN_DATA=str(cwd / "cache"), SPEEDRUN_RESULTS=str(cwd / "results"))
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

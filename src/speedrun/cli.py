@@ -99,6 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dollars per device-hour for the result's cost (default: a table of GPU prices, cost.py)")
     t.add_argument("--save", default=None, metavar="PATH",
                    help="write the trained network: PATH.safetensors + PATH.json (for eval, predict, speedrun.load)")
+    t.add_argument("--db", default=None, metavar="PATH",
+                   help="results database (default: $SPEEDRUN_DB, else ~/.local/share/speedrun/results.db)")
+    r = sub.add_parser("results", help="list stored results (filters, --json, --csv); `results import FILE...`")
+    r.add_argument("--recipe", default=None)
+    r.add_argument("--dataset", default=None, help="the dataset as given, or its last path part")
+    r.add_argument("--device", default=None, help="a device type (cuda, cpu) or part of the device's name")
+    r.add_argument("--since", default=None, metavar="DATE", help="ISO date or time (UTC), inclusive")
+    r.add_argument("--until", default=None, metavar="DATE", help="ISO date or time (UTC), inclusive")
+    r.add_argument("--command", dest="command_text", default=None, metavar="TEXT",
+                   help="results whose command line contains TEXT")
+    r.add_argument("--limit", type=int, default=None, metavar="N")
+    r.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    r.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    r.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    rsub = r.add_subparsers(dest="results_action", parser_class=_Parser)
+    ri = rsub.add_parser("import", help="store result JSON files (speedrun train --json, benchmarks/results/)")
+    ri.add_argument("files", nargs="+", metavar="FILE")
+    ri.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
     e.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     e.add_argument("--dataset", required=True, help="as for train: a name or a path")
@@ -178,6 +196,7 @@ def _command(argv: list[str]) -> str:
 def _train(args, argv: list[str]) -> int:
     from speedrun import runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
+    from speedrun.db import default_db_path
 
     overrides = parse_set_args(args.overrides)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
@@ -186,7 +205,7 @@ def _train(args, argv: list[str]) -> int:
                         command=_command(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
-                        overrides=overrides)
+                        db=args.db or default_db_path(), overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 
@@ -220,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                 from speedrun import saved
 
                 return saved.predict_command(args)
+            if args.command == "results":
+                from speedrun import db
+
+                return db.import_command(args) if args.results_action == "import" else db.results_command(args)
             return _train(args, argv)
     except ValueError as exc:
         _say(f"{prog}: error: {_one_line(exc)}")

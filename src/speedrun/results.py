@@ -150,6 +150,11 @@ def _finite_or_null(obj):
     return obj
 
 
+def portable(obj):
+    """`obj` exactly as write_json stores it and load_result reads it back (strict JSON: NaN as null)."""
+    return json.loads(json.dumps(_finite_or_null(obj), default=_to_json, allow_nan=False))
+
+
 def write_json(path: str | Path, obj) -> Path:
     """Write obj as JSON at path atomically: readers see the old file or the whole new one, never a part.
 

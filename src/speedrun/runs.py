@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -29,7 +30,7 @@ from speedrun.data import limits
 from speedrun.engine import Diverged, RunResult, resolve_device
 from speedrun.errors import SpeedrunWarning, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines  # noqa: F401 (the public API's names)
-from speedrun.results import (claim_result_path, default_result_path, environment, release_result_path,
+from speedrun.results import (claim_result_path, default_result_path, environment, portable, release_result_path,
                               write_json)
 from speedrun.stats import summarize
 
@@ -169,7 +170,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
           summary: bool | None = None, command: str | None = None, smoke: bool = False,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
           resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
-          overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
+          db: str | Path | None = None, overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `config_overrides` (or the dict `overrides`, which may hold any key, `epochs` included) are config fields,
@@ -184,6 +185,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     "auto" for the newest usable one in checkpoint_dir (none yet: start afresh); under torchrun a restarted worker
     group resumes by itself. save: write the last run's trained network there (saved.py; `speedrun.load`).
     price_per_hour: US dollars per device-hour for the result's cost (default: cost.py's table by device name).
+    db: also store the result in this results database (db.py; the CLI passes db.default_path()), opened and
+    migrated before any work; a failure to store it later is a warning (the JSON file has it).
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
     Every setting is checked before data is read, and the data against the config before any step is taken.
     """
@@ -197,7 +200,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  json_path=(json_path, path_like, "a file path, 'auto' or None (--json)"),
                  checkpoint_dir=(checkpoint_dir, path_like, "a folder path (--checkpoint-dir)"),
                  resume=(resume, path_like, "a checkpoint path, 'auto' or None (--resume)"),
-                 save=(save, path_like, "a file path (--save)"),
+                 save=(save, path_like, "a file path (--save)"), db=(db, path_like, "a file path (--db)"),
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
                  smoke=(smoke, (bool,), "True or False (--smoke)"), verbose=(verbose, (bool,), "True or False"),
                  summary=(summary, (bool, type(None)), "True, False or None"),
@@ -216,6 +219,11 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
     dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
     plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world, json_path)
+    database = None
+    if db is not None and world.is_main:
+        from speedrun import db as results_db
+
+        database = results_db.connect(db)  # created or migrated now: a bad --db fails before any work
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
     written, claimed, in_step = False, None, False
@@ -264,6 +272,19 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 write_json(json_path, result.to_dict())
                 written = True
 
+        def store() -> None:
+            """The final result (complete or not) into the database too, as the JSON file has it."""
+            if database is None:
+                return
+            from speedrun import db as results_db
+
+            try:
+                stored = results_db.insert_result(database, portable(result.to_dict()), source=str(json_path))
+                show.line(f"stored in {db} as #{stored}")
+            except (ValueError, OSError, sqlite3.Error) as e:
+                warn(f"the result was not stored in the database {db} ({e}); it is in {json_path}; "
+                     "`speedrun results import` adds it later")
+
         def report() -> None:
             show.summary(result)
             if json_path is not None:
@@ -309,14 +330,18 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
             with _signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
                 save()
+                store()
             report()
             in_step = getattr(interrupt, "in_step", False)
             raise
+        store()
         report()
         in_step = True
         return result
     finally:
         show.close()
+        if database is not None:
+            database.close()
         if claimed is not None and not written:
             release_result_path(claimed)  # removes it only if still empty
         dist.shutdown(world, in_step)
