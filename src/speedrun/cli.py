@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     ri = rsub.add_parser("import", help="store result JSON files (speedrun train --json, benchmarks/results/)")
     ri.add_argument("files", nargs="+", metavar="FILE")
     ri.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
+    c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
+    c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")
+    c.add_argument("--json", action="store_true", help="the comparison as JSON")
+    c.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
     e.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     e.add_argument("--dataset", required=True, help="as for train: a name or a path")
@@ -239,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                 from speedrun import saved
 
                 return saved.predict_command(args)
+            if args.command == "compare":
+                from speedrun import compare
+
+                return compare.compare_command(args)
             if args.command == "results":
                 from speedrun import db
 

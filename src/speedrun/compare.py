@@ -1,0 +1,103 @@
+"""`speedrun compare A B`: is B's accuracy or time different from A's, or is it noise?
+
+A and B are stored results: a number (`#ID` from `speedrun results`) or a result JSON file. A is the baseline.
+For test accuracy and timed seconds, over the finished runs of each: mean ± std, B - A with its 95% Welch
+interval, Welch's two-sided p (scipy.stats through stats.py), and B / A with its 95% interval (delta method).
+A claimed speedup needs its p (STYLE.md habit 5): with fewer than two runs a side there is no spread, and the
+table says n/a rather than a number. Settings that make the two incomparable (recipe, dataset, device, a smoke
+test) are named above the table. The comparison is stored in the results database as a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from speedrun.stats import mean_diff_test, summarize
+
+METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
+
+
+def _load(ref: str, conn) -> tuple[str, dict]:
+    """(label, result) for an id ("12" or "#12") or a JSON file."""
+    from speedrun.results import load_result
+
+    if re.fullmatch(r"#?\d{1,18}", ref) and not Path(ref).exists():
+        from speedrun import db
+
+        return f"#{ref.lstrip('#')}", db.get_result(conn, int(ref.lstrip("#")))
+    if not Path(ref).is_file():
+        raise ValueError(f"{ref!r} is neither a stored result's id (`speedrun results` lists them) nor a result "
+                         "JSON file")
+    return ref, load_result(ref)
+
+
+def _values(result: dict, label: str, key: str) -> list[float]:
+    runs = result.get("runs")
+    if not isinstance(runs, list) or "benchmark" in result:
+        raise ValueError(f"{label} is not a `speedrun train` result (no runs); compare two training results")
+    values = [r.get(key) for r in runs if isinstance(r, dict) and r.get("diverged") is None]
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
+    """B against baseline A: {"a", "b", "caveats", "metrics": {key: {"a": summary, "b": summary, "test": ...}}}."""
+    caveats = [f"{key} differs: {a.get(key)!r} vs {b.get(key)!r}" for key in ("recipe", "dataset", "device")
+               if a.get(key) != b.get(key)]
+    caveats += [f"{label} is a smoke test, not a result" for label, r in zip(labels, (a, b)) if r.get("smoke_test")]
+    metrics = {}
+    for key, _, _ in METRICS:
+        xa, xb = _values(a, labels[0], key), _values(b, labels[1], key)
+        entry = {"a": summarize(xa).to_dict() if xa else None, "b": summarize(xb).to_dict() if xb else None,
+                 "test": None}
+        if len(xa) >= 2 and len(xb) >= 2:
+            try:
+                entry["test"] = mean_diff_test(xb, xa)  # candidate B, baseline A
+            except ValueError:  # a baseline mean of 0: no ratio
+                entry["test"] = None
+        metrics[key] = entry
+    return {"benchmark": "compare", "a": labels[0], "b": labels[1], "caveats": caveats, "metrics": metrics,
+            "environment": {"timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}}
+
+
+def _text(report: dict) -> list[str]:
+    def ms(s: dict | None, scale: float) -> str:
+        if s is None:
+            return "no runs"
+        return f"{s['mean'] * scale:.2f}" + (f" ± {s['std'] * scale:.2f}" if s["std"] is not None else "") + \
+            f" (n={s['n']})"
+
+    lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
+    lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")
+    for key, name, scale in METRICS:
+        m, t = report["metrics"][key], report["metrics"][key]["test"]
+        if t is None:
+            diff, p, ratio = "n/a (needs 2+ runs a side)", "n/a", "n/a"
+        else:
+            lo, hi = t["ci95"]
+            diff = f"{t['diff'] * scale:+.2f} ({lo * scale:+.2f} .. {hi * scale:+.2f})"
+            p = f"{t['p']:.3g}"
+            rlo, rhi = t["ratio_ci95"]
+            ratio = f"{t['ratio']:.3f} ({rlo:.3f} .. {rhi:.3f})"
+        lines.append(f"{name:11} {ms(m['a'], scale):>24} {ms(m['b'], scale):>24} {diff:>28} {p:>9} {ratio:>24}")
+    return lines
+
+
+def compare_command(args) -> int:
+    """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
+    from speedrun import db
+    from speedrun.results import portable
+
+    with contextlib.closing(db.connect(args.db)) as conn:
+        (la, a), (lb, b) = _load(args.a, conn), _load(args.b, conn)
+        report = compare(a, b, (la, lb))
+        stored = db.insert_result(conn, portable({**report, "command": " ".join(["speedrun", *sys.argv[1:]])}))
+    if args.json:
+        print(json.dumps({**report, "id": stored}, indent=2))
+    else:
+        print("\n".join(_text(report)))
+    return 0
