@@ -117,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     ri = rsub.add_parser("import", help="store result JSON files (speedrun train --json, benchmarks/results/)")
     ri.add_argument("files", nargs="+", metavar="FILE")
     ri.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    b = sub.add_parser("bench", help="settings side by side: --vary KEY=V1,V2 against the baseline, interleaved")
+    b.add_argument("recipe", nargs="?", default="cifar10-94")
+    b.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help="a config key and the values to try, each against the baseline (repeatable)")
+    b.add_argument("--runs", type=int, default=3, help="runs per setting (default 3)")
+    b.add_argument("--dataset", default=None)
+    b.add_argument("--data-dir", default=None)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--epochs", type=_float, default=None)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="the baseline's config overrides (repeatable)")
+    b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
+    b.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")
@@ -244,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                 from speedrun import saved
 
                 return saved.predict_command(args)
+            if args.command == "bench":
+                from speedrun import bench
+
+                return bench.bench_command(args, argv)
             if args.command == "compare":
                 from speedrun import compare
 

@@ -1,0 +1,168 @@
+"""`speedrun bench RECIPE --runs N --vary KEY=V1,V2,...`: settings measured side by side, in interleaved order.
+
+The baseline is the recipe's config (with any --set); each --vary value is one setting, that key changed alone.
+After an untimed warm-up of every setting that needs one (compile, autotune), round r trains seed S + r of the
+baseline, then of each setting, A B C A B C ..., so drift on a shared machine (thermals, a neighbour's job) falls
+on all of them alike; the order is recorded. Per setting: mean ± std of test accuracy and timed seconds, and
+against the baseline the difference with its 95% Welch interval, Welch's p and the ratio of times with its
+interval (stats.mean_diff_test). Every setting's runs are also stored in the results database as a training
+result of their own, and the bench itself as a report (`speedrun results`, `speedrun compare`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from speedrun.engine import Diverged, RunResult, resolve_device
+from speedrun.stats import mean_diff_test, summarize
+
+
+def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
+    """["lookahead=true,false", "tta_level=0"] -> [("lookahead", ["true", "false"]), ("tta_level", ["0"])]."""
+    out = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not parts:
+            raise ValueError(f"--vary {item!r}: expected KEY=V1,V2,..., e.g. --vary lookahead=false")
+        out.append((key.strip(), parts))
+    return out
+
+
+def _stats(runs: list[RunResult]) -> dict:
+    done = [r for r in runs if r.diverged is None]
+    return {"n": len(done), "diverged": len(runs) - len(done),
+            "accuracy": summarize([r.accuracy for r in done]).to_dict() if done else None,
+            "train_seconds": summarize([r.train_seconds for r in done]).to_dict() if done else None}
+
+
+def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
+    a = [r for r in runs if r.diverged is None]
+    b = [r for r in base if r.diverged is None]
+    if len(a) < 2 or len(b) < 2:
+        return None  # no spread on a side: no interval, no p
+    out = {}
+    for key in ("accuracy", "train_seconds"):
+        try:
+            out[key] = mean_diff_test([getattr(r, key) for r in a], [getattr(r, key) for r in b])
+        except ValueError:  # a zero baseline mean (no ratio)
+            out[key] = None
+    return out
+
+
+def bench(recipe: str, *, vary: list[tuple[str, list[str]]], dataset: str | None = None, device: str = "auto",
+          runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
+          overrides: dict[str, Any] | None = None, log=print) -> dict:
+    """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module)."""
+    from speedrun import runs as runner
+    from speedrun.results import environment
+
+    rec = runner.get_recipe(recipe)
+    family = rec.module()
+    runs = runner._check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    seed = runner._check_int("seed", "--seed", seed, 0, 2**62)
+    base = runner.make_config(rec, epochs, dict(overrides or {}))
+    settings = [("baseline", {}, base)]
+    for key, values in vary:
+        for value in values:
+            cfg = runner.make_config(rec, epochs, {**(overrides or {}), key: value})
+            if cfg != base and all(cfg != c for _, _, c in settings):  # the baseline's own value adds nothing
+                settings.append((f"{key}={value}", {key: value}, cfg))
+    if len(settings) == 1:
+        raise ValueError("every --vary value equals the baseline's; give values that change the config")
+    dev = resolve_device(device)
+    dataset = rec.default_dataset if dataset is None else dataset
+    data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
+    for _, _, cfg in settings:
+        family.check(cfg, data, dev, runner.dist.World())
+    warmups = {name: family.warmup(cfg, data, dev) for name, _, cfg in settings}
+    results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
+    order = []
+    for r in range(runs):
+        for name, _, cfg in settings:
+            log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
+            try:
+                run = family.train_run(cfg, data, dev, seed + r)
+            except Diverged as e:
+                run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
+                                diverged=e.to_dict())
+            run.model = None
+            results[name].append(run)
+            order.append({"round": r, "setting": name, "seed": seed + r})
+    env = environment(dev)
+    base_runs = results["baseline"]
+    report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
+              "vary": [[k, v] for k, v in vary], "order": order, "environment": env,
+              "timed_region": family.timed_region(base),
+              "settings": [{"name": name, "overrides": changes, "warmup_seconds": warmups[name],
+                            **_stats(results[name]),
+                            "versus_baseline": None if name == "baseline" else _versus(results[name], base_runs),
+                            "runs": [r.to_dict() for r in results[name]]}
+                           for name, changes, _ in settings]}
+    report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,
+                                       config=dataclasses.asdict(cfg), runs=results[name], environment=env,
+                                       runs_requested=runs, complete=True, timed_region=family.timed_region(cfg),
+                                       command=f"bench {name}").to_dict()
+                         for name, _, cfg in settings]
+    return report
+
+
+def _lines(report: dict) -> list[str]:
+    def ms(s: dict | None, scale: float) -> str:
+        return "n/a" if s is None else f"{s['mean'] * scale:.2f}" + (
+            f" ± {s['std'] * scale:.2f}" if s["std"] is not None else "")
+
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
+             "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
+             f"{'setting':28} {'n':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} {'p':>8} "
+             f"{'time ratio':>22}"]
+    for s in report["settings"]:
+        v = s["versus_baseline"]
+        acc, secs = (v or {}).get("accuracy"), (v or {}).get("train_seconds")
+        dacc = "-" if s["name"] == "baseline" else "n/a" if acc is None else \
+            f"{acc['diff'] * 100:+.2f} ({acc['ci95'][0] * 100:+.2f} .. {acc['ci95'][1] * 100:+.2f})"
+        p = "-" if acc is None else f"{acc['p']:.3g}"
+        ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else \
+            f"{secs['ratio']:.3f} ({secs['ratio_ci95'][0]:.3f} .. {secs['ratio_ci95'][1]:.3f})"
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {ms(s['accuracy'], 100):>14} {ms(s['train_seconds'], 1):>14} "
+                     f"{dacc:>24} {p:>8} {ratio:>22}")
+    return lines
+
+
+def bench_command(args, argv: list[str]) -> int:
+    import sys
+
+    from speedrun import db
+    from speedrun.config import parse_set_args
+    from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
+                                  write_json)
+
+    vary = parse_vary(args.vary)
+    overrides = parse_set_args(args.overrides)
+    conn = db.connect(args.db)  # a bad --db, or an existing --json, fails before any training
+    path = (claim_result_path(args.json) if args.json else
+            default_result_path(f"bench-{args.recipe}", args.dataset or "default"))
+    written = False
+    try:
+        report = bench(args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs,
+                       seed=args.seed, epochs=args.epochs, data_dir=args.data_dir, overrides=overrides,
+                       log=lambda line: print(line, file=sys.stderr))
+        report["command"] = " ".join(["speedrun", *argv])
+        report = portable(report)
+        for result in report["results"]:
+            result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
+            db.insert_result(conn, result)
+        stored = db.insert_result(conn, report)
+        write_json(path, report)
+        written = True
+    finally:
+        conn.close()
+        if not written:
+            release_result_path(Path(path))
+    print("\n".join(_lines(report)))
+    print(f"report: {path} (stored as #{stored}); order: "
+          + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
+          file=sys.stderr)
+    return 0
