@@ -222,7 +222,9 @@ def test_hostile_databases_and_files(tmp_path, capsys):
     assert "not valid JSON" in done[2].error and "No such file" in done[3].error
     args = argparse.Namespace(files=[str(bad), str(good)], db=str(tmp_path / "r.db"))
     assert db.import_command(args) == 2
-    assert capsys.readouterr().out.splitlines()[1] == f"{good} already stored as #1"
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"{good} already stored as #1"]  # the failure is on stderr, as the command's error
+    assert err.startswith(f"speedrun: error: {bad}: ") and err.count("\n") == 1
 
     junk = [("n", "3", "'n' is str"), ("runs", [1], "runs\\[0\\]' is int"), ("environment", None, "environment"),
             ("mean_accuracy", True, "is bool"), ("mean_accuracy", float("nan"), "strict JSON"), ("runs", {}, "runs")]
@@ -247,3 +249,36 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
     assert db.default_db_path() == tmp_path / "mine.db"
     db.connect().close()
     assert (tmp_path / "mine.db").is_file()
+
+
+def test_red_team_findings(tmp_path, capsys):
+    """A refused foreign database is left byte for byte; `--db` before `import` counts; unreadable or absurd files
+    fail alone; a file's cost must be a number."""
+    import subprocess
+    import sys
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE t (x)")
+    before = other.read_bytes()
+    with pytest.raises(ValueError, match="another program"):
+        db.connect(other)
+    assert other.read_bytes() == before and not (tmp_path / "other.db-wal").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(make_result(1)))
+    done = subprocess.run([sys.executable, "-m", "speedrun", "results", "--db", str(tmp_path / "a.db"), "import",
+                           str(good)], capture_output=True, text=True)
+    assert done.returncode == 0 and (tmp_path / "a.db").exists(), done.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps(make_result(2, n=2**70)))
+    junk_cost = tmp_path / "cost.json"
+    junk_cost.write_text(json.dumps(make_result(3, cost={"timed_usd_per_run": "lots"})))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    conn = db.connect(tmp_path / "a.db")
+    done = db.import_files(conn, [fifo, huge, junk_cost, deep])
+    assert [d.id for d in done] == [None] * 4
+    assert "regular file" in done[0].error and "out of range" in done[1].error and "timed_usd" in done[2].error
+    assert db.query(conn)[0]["id"] == 1  # listing still works

@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     rsub = r.add_subparsers(dest="results_action", parser_class=_Parser)
     ri = rsub.add_parser("import", help="store result JSON files (speedrun train --json, benchmarks/results/)")
     ri.add_argument("files", nargs="+", metavar="FILE")
-    ri.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    # SUPPRESS: `results --db X import F` keeps the X given before `import` (a default here would replace it).
+    ri.add_argument("--db", default=argparse.SUPPRESS, metavar="PATH", help="results database (default as for train)")
     b = sub.add_parser("bench", help="settings side by side: --vary KEY=V1,V2 against the baseline, interleaved")
     b.add_argument("recipe", nargs="?", default="cifar10-94")
     b.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ DEFAULT_PRICES: list[tuple[str, float, str]] = [
                    "pricegpu.pages.dev, 'H100 vs A100 cloud pricing', read 2026-11"),
 ]
 MAX_PRICE_PER_HOUR = 10_000.0  # dollars per device-hour: more is a typo
+MAX_TABLE_BYTES = 1_000_000  # a SPEEDRUN_PRICES file: thousands of entries fit
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,12 @@ class Price:
 
 
 def _check(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= MAX_PRICE_PER_HOUR:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    try:
+        ok = ok and math.isfinite(value) and 0 <= value <= MAX_PRICE_PER_HOUR
+    except OverflowError:  # an int of hundreds of digits
+        ok = False
+    if not ok:
         raise ValueError(f"{where}: a price is dollars per device-hour in [0, {MAX_PRICE_PER_HOUR:g}], got {value!r}")
     return float(value)
 
@@ -46,9 +52,12 @@ def _table() -> list[tuple[str, float, str]]:
     if not path:
         return DEFAULT_PRICES
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")[:1_000_000]
-        table = json.loads(text)
-    except (OSError, ValueError) as e:
+        file = Path(path).expanduser()
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TABLE_BYTES:  # a fifo, /dev/zero, a huge file
+            raise ValueError(f"not a regular file of at most {MAX_TABLE_BYTES} bytes")
+        table = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(f"SPEEDRUN_PRICES={path}: cannot read a JSON price table ({e}); give a file such as "
                          '{"H100": 2.49}, or unset it') from None
     if not isinstance(table, dict) or not all(isinstance(k, str) and k for k in table):

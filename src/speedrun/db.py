@@ -94,7 +94,10 @@ def _utc(text: str, what: str) -> str:
     except (TypeError, ValueError):
         raise ValueError(f"{what} {text!r:.80} is not an ISO date or time like 2026-11-22T16:34Z") from None
     moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # naive: UTC, as stored times are
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+    try:
+        return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+    except OverflowError:  # 9999-12-31T23:00-01:00 is past the last representable moment
+        raise ValueError(f"{what} {text!r:.80} is out of range") from None
 
 
 @contextlib.contextmanager
@@ -125,6 +128,17 @@ def connect(path: str | os.PathLike | None = None) -> sqlite3.Connection:
         raise ValueError(f"cannot create results database {name} ({getattr(e, 'strerror', 0) or e}); {_FIX}") from None
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # Whose file is it? Read-only questions first: a file speedrun refuses must leave exactly as it came (even
+        # the switch to WAL below is written into the file's header).
+        # One statement, one snapshot: two reads could see another process's migration land in between.
+        version, names = conn.execute("SELECT (SELECT user_version FROM pragma_user_version), group_concat(name, "
+                                      "char(10)) FROM sqlite_master WHERE type = 'table'").fetchone()
+        tables = set((names or "").split("\n")) - {""}
+        if version > VERSION:
+            raise ValueError(f"results database {name} has schema version {version}, from a newer speedrun or "
+                             f"another program (this one reads up to {VERSION}); upgrade speedrun, or {_FIX}")
+        if (version == 0 and tables) or (version > 0 and "results" not in tables):
+            raise ValueError(f"{name} is another program's SQLite database, not speedrun's results; {_FIX}")
         conn.create_function("speedrun_sha256", 1, lambda text: _sha256(json.loads(text)), deterministic=True)
         conn.execute("PRAGMA journal_mode = WAL")  # readers and the writer do not block each other
         conn.execute("PRAGMA foreign_keys = ON")
@@ -158,6 +172,9 @@ def _at(obj, path: str, types: tuple, where: str = ""):
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ValueError(f"result field {where} is {type(value).__name__}, expected {names}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63 \
+            or isinstance(value, float) and not -1e300 <= value <= 1e300:  # SQLite's integers; no product overflows
+        raise ValueError(f"result field {where} = {value!r:.40} is out of range")
     return value
 
 
@@ -178,6 +195,7 @@ def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[
                    n=_at(result, "n", (int,)), mean_accuracy=_at(result, "mean_accuracy", OPT_NUM),
                    command=_at(result, "command", OPT_STR), source=source, sha256=digest, json=text)
         row.update({column: _at(result, path, types) for column, path, types in V2_FIELDS})
+        _at(result, "cost.timed_usd_per_run", OPT_NUM)  # read by _DERIVED: a number or nothing
         runs = []
         for i, run in enumerate(_at(result, "runs", (list,))):
             history = _at(_at(run, "", (dict,), f"runs[{i}]"), "history", (list, type(None)), f"runs[{i}].history")
@@ -212,8 +230,8 @@ def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, s
           limit: int | None = None) -> list[dict]:
     """Stored results, newest first, as dicts with COLUMNS' keys. dataset: as stored or its last path component;
     device: the type or part of the name (any case); since/until: ISO dates/times, inclusive; command: a part."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"--limit must be a positive integer, got {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10**9):
+        raise ValueError(f"--limit must be an integer in [1, 1000000000], got {limit!r}")
     until = until + "T23:59:59" if until is not None and len(until) == 10 else until  # a date: to its last second
     filters = {"recipe = ?": [recipe], "(dataset = ? OR substr(dataset, -length(?) - 1) = '/' || ?)": [dataset] * 3,
                "(lower(device) = lower(?) OR instr(lower(device_name), lower(?)) > 0)": [device] * 2,
@@ -253,7 +271,7 @@ def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
         try:
             new_id, new = _store(conn, load_result(path), os.path.abspath(path))
             done.append(Imported(path, new_id, None, new))
-        except (ValueError, OSError) as e:  # OSError: a missing or unreadable file, in the system's words
+        except (ValueError, OSError, RecursionError, sqlite3.Error) as e:  # OSError: in the system's words
             done.append(Imported(path, None, (getattr(e, "strerror", 0) or str(e)).removeprefix(f"{path}: "), False))
     return done
 
@@ -296,6 +314,9 @@ def import_command(args) -> int:
     with contextlib.closing(connect(args.db)) as conn:
         done = import_files(conn, args.files)
     for name, new_id, error, new in ((printable(str(entry.path)), *entry[1:]) for entry in done):
-        print(f"{name}: error: {' '.join(error.split())}" if error else
-              f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
+        if error:  # on stderr, the command's error line, with what to do
+            sys.stderr.write(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result "
+                             "JSON file of speedrun train or a benchmark script)\n")
+        else:
+            print(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
     return 2 if any(entry.error for entry in done) else 0

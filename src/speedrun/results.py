@@ -13,6 +13,7 @@ import math
 import os
 import platform
 import re
+import stat
 import shutil
 import socket
 import subprocess
@@ -274,11 +275,22 @@ def release_result_path(path: Path) -> None:
         pass
 
 
+# The largest result file read back (load_result): 10,000 runs with their per-epoch histories are a few MB.
+MAX_RESULT_BYTES = 64 * 2**20
+
+
 def load_result(path: str | Path) -> dict:
     """A stored result as a dict; a truncated, empty or non-JSON file raises a one-line ValueError naming it."""
     path = Path(path)
+    info = path.stat()  # FileNotFoundError / PermissionError name the path
+    if not stat.S_ISREG(info.st_mode):  # a fifo would block forever, /dev/zero never end
+        raise ValueError(f"{path}: not a regular file; give a result JSON file")
+    if info.st_size > MAX_RESULT_BYTES:
+        raise ValueError(f"{path}: {info.st_size} bytes, more than any result ({MAX_RESULT_BYTES} at most); give a "
+                         "result JSON file")
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            text = f.read(MAX_RESULT_BYTES + 1).decode("utf-8-sig")  # a BOM some editors add is not content
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not a result JSON (not UTF-8 text: {e.reason}); "
                          "remove it or pass a result file") from None
@@ -286,6 +298,8 @@ def load_result(path: str | Path) -> dict:
         raise ValueError(f"{path}: empty result file (a claimed path whose run never finished); delete it or rerun")
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to be a result; give a result JSON file") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                          f"the file is truncated or not a result, delete it or rerun") from None
