@@ -132,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the baseline's config overrides (repeatable)")
     b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
     b.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    a = sub.add_parser("ablate", help="each registered trick switched off alone, sorted by what it buys")
+    a.add_argument("recipe", nargs="?", default="cifar10-94")
+    a.add_argument("--runs", type=int, default=3, help="runs per variant (default 3)")
+    for flag, kwargs in (("--dataset", {}), ("--data-dir", {}), ("--device", {"default": "auto"}),
+                         ("--epochs", {"type": _float}), ("--seed", {"type": int, "default": 0}),
+                         ("--json", {"help": "report file, never replaced"}),
+                         ("--db", {"metavar": "PATH", "help": "results database (default as for train)"})):
+        a.add_argument(flag, **{"default": None, **kwargs})
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="the baseline's config overrides (repeatable)")
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")
@@ -263,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
                 from speedrun import bench
 
                 return bench.bench_command(args, argv)
+            if args.command == "ablate":
+                from speedrun import ablate
+
+                return ablate.ablate_command(args, argv)
             if args.command == "compare":
                 from speedrun import compare
 

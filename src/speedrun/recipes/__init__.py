@@ -22,6 +22,7 @@ in runs.py calls nothing else):
     model_card(cfg, data) -> dict             what a saved model needs besides its weights (saved.py)
     build_model(cfg, in_channels, num_classes) -> nn.Module
     MAY_DIFFER_ON_RESUME        config fields a resumed run may change (they do not change what is trained)
+    TRICKS                      [(config key, its "off" value, description)]: every trick, for `speedrun ablate`
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ from speedrun.engine import (FiniteLossGuard, RunResult, Timer, evaluate, rng_st
                              set_rng_state, setup_system, stop_at_step_end, synchronize)
 from speedrun.models import CifarNet
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
-from speedrun.recipes.cifar_checks import (check, check_data, data_signature, describe, load_data,  # noqa: F401
-                                           model_card, notes, smoke, with_epochs)
+from speedrun.recipes.cifar_checks import (TRICKS, check, check_data, data_signature, describe,  # noqa: F401
+                                           load_data, model_card, notes, smoke, with_epochs)
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay

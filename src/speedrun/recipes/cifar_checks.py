@@ -137,3 +137,23 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
     return notes
 
 
+
+
+# Every trick of the family as (config key, its "off" value, what it is): the one place `speedrun ablate` reads.
+# Each off value is the plain alternative the trick replaced (Page's ResNet-9 posts; airbench, arXiv 2404.00498).
+TRICKS: list[tuple[str, object, str]] = [
+    ("whiten_init", False, "patch-whitening init of the first conv (tricks/whitening.py)"),
+    ("whiten_bias_epochs", 0.0, "the whitening conv's bias learns for the first epochs"),
+    ("dirac_init", False, "identity init of the 3x3 convs (tricks/identity_init.py)"),
+    ("bn_scale_frozen", False, "BatchNorm scales frozen at 1"),
+    ("logit_scale", 1.0, "scaled logits"),
+    ("label_smoothing", 0.0, "label smoothing (tricks/label_smoothing.py)"),
+    ("lookahead", False, "Lookahead / EMA of the weights (tricks/lookahead.py)"),
+    ("flip", "random", "alternating flip instead of random flip (data/augment.py)"),
+    ("translate_px", 0, "random translation"),
+    ("cutout_px", 0, "cutout"),
+    ("tta_level", 0, "test-time augmentation (tricks/tta.py)"),
+    ("channels_last", "off", "channels_last memory layout (speed)"),
+    ("compile", False, "torch.compile (speed)"),
+    ("precision", "fp32", "bf16 autocast (speed; fp32 is already the CPU's)"),
+]
