@@ -29,3 +29,26 @@ def test_ablate_lists_every_registered_trick_and_switches_exactly_one(tmp_path, 
     assert gains == sorted(gains, reverse=True)  # sorted by contribution
     text = capsys.readouterr().out
     assert all(r["trick"] in text for r in report["tricks"])
+
+
+def test_the_waterfall_adds_one_trick_per_row_and_ends_at_the_recipe(tmp_path, capsys):
+    out = tmp_path / "w.json"
+    order = ["whiten_init", "lookahead", "tta_level"]
+    assert main(["ablate", *TINY, "--runs", "2", "--waterfall", ",".join(order), "--db", str(tmp_path / "r.db"),
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    configs = [r["config"] for r in report["results"]]
+    assert [row["step"] for row in report["waterfall"]] == ["plain (all off)", *(f"+ {k}" for k in order)]
+    offs = {key: off for key, off, _ in cifar.TRICKS}
+    assert all(configs[0][key] == offs[key] for key in order)
+    for key, before, after in zip(order, configs, configs[1:]):
+        assert {k for k in before if before[k] != after[k]} == {key}
+    recipe = {k: v for k, v in configs[-1].items()}
+    assert recipe["whiten_init"] is True and recipe["lookahead"] is True and recipe["tta_level"] == 2
+    assert all(row["bought"] is not None for row in report["waterfall"][1:])
+    for bad, fragment in (("nope", "unknown or repeated"), ("lookahead,lookahead", "unknown or repeated"),
+                          ("cutout_px", "already off")):
+        capsys.readouterr()
+        assert main(["ablate", *TINY, "--waterfall", bad, "--db", str(tmp_path / "r.db")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and fragment in err

@@ -4,7 +4,10 @@ baseline (bench.py does the measuring); the table is sorted by contribution: how
 (baseline minus ablated, with the 95% Welch interval and p), and how the time changes. A trick already off in the
 recipe (cutout in cifar10-94, compile on a CPU) is listed as such, not measured.
 
-Not yet here (issue 8): the cumulative --waterfall and the --to-target epoch search.
+`--waterfall ORDER` tells the cumulative story instead, as Page's "How to train your ResNet" posts and the airbench
+paper do: start from a plain baseline with every trick in ORDER off, then switch them on one at a time in that
+order; each row shows what its trick bought over the row before (95% CI, p) and the time it changed. The last
+row is the recipe itself. Not yet here (issue 8): the --to-target epoch search.
 """
 
 from __future__ import annotations
@@ -43,6 +46,65 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     return report
 
 
+def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
+    """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
+    from speedrun import bench as benching, runs as runner
+    from speedrun.stats import mean_diff_test
+
+    rec = runner.get_recipe(recipe)
+    family = rec.module()
+    offs = {key: off for key, off, _ in family.TRICKS}
+    unknown = [key for key in order if key not in offs]
+    if unknown or len(set(order)) != len(order) or not order:
+        raise ValueError(f"--waterfall takes distinct registered tricks, comma-separated; unknown or repeated: "
+                         f"{', '.join(unknown) or ', '.join(order)}; registered: {', '.join(offs)}")
+    base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
+    already = [key for key in order if getattr(base, key) == offs[key]]
+    if already:
+        raise ValueError(f"{', '.join(already)} is already off in {recipe}: leave it out of --waterfall")
+    text = {key: str(off).lower() if isinstance(off, bool) else str(off) for key, off in offs.items()}
+    steps, off = [], {key: text[key] for key in order}
+    steps.append(("plain (all off)", dict(off)))
+    for key in order:
+        off.pop(key)
+        steps.append((f"+ {key}", dict(off)))
+    report = benching.bench(recipe, steps=steps, runs=runs, **bench_kwargs)
+    report["benchmark"] = "waterfall"
+    report["tricks_added"], rows, previous = order, [], None
+    for s in report["settings"]:
+        done = [r for r in s["runs"] if r["diverged"] is None]
+        bought = None
+        if previous is not None and len(done) >= 2 and len(previous) >= 2:
+            try:
+                bought = {key: mean_diff_test([r[key] for r in done], [r[key] for r in previous])
+                          for key in ("accuracy", "train_seconds")}
+            except ValueError:
+                bought = None
+        rows.append({"step": s["name"], "accuracy": s["accuracy"], "train_seconds": s["train_seconds"],
+                     "bought": bought})
+        previous = done
+    report["waterfall"] = rows
+    return report
+
+
+def _waterfall_lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
+             f"{report['runs']} interleaved round(s) per row",
+             f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
+    for row in report["waterfall"]:
+        acc, b = row["accuracy"], row["bought"]
+        mean = "n/a" if acc is None else f"{acc['mean'] * 100:.2f}" + (
+            f" ± {acc['std'] * 100:.2f}" if acc["std"] is not None else "")
+        if b is None:
+            gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
+        else:
+            d = b["accuracy"]
+            gain, p = f"{d['diff'] * 100:+.2f} ({d['ci95'][0] * 100:+.2f} .. {d['ci95'][1] * 100:+.2f})", f"{d['p']:.3g}"
+        secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
+        lines.append(f"{row['step'][:24]:24} {mean:>16} {gain:>28} {p:>8} {secs:>14}")
+    return lines
+
+
 def _lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
              f"{report['runs']} interleaved round(s); gain = baseline - trick off",
@@ -73,9 +135,10 @@ def ablate_command(args, argv: list[str]) -> int:
             default_result_path(f"ablate-{args.recipe}", args.dataset or "default"))
     written = False
     try:
-        report = ablate(args.recipe, runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed,
-                        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides,
-                        log=lambda line: print(line, file=sys.stderr))
+        common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
+                      data_dir=args.data_dir, overrides=overrides, log=lambda line: print(line, file=sys.stderr))
+        report = (waterfall(args.recipe, [k.strip() for k in args.waterfall.split(",") if k.strip()], **common)
+                  if args.waterfall else ablate(args.recipe, **common))
         report["command"] = " ".join(["speedrun", *argv])
         report = portable(report)
         for result in report["results"]:
@@ -88,6 +151,6 @@ def ablate_command(args, argv: list[str]) -> int:
         conn.close()
         if not written:
             release_result_path(Path(path))
-    print("\n".join(_lines(report)))
+    print("\n".join(_waterfall_lines(report) if args.waterfall else _lines(report)))
     print(f"report: {path} (stored as #{stored})", file=sys.stderr)
     return 0

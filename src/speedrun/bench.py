@@ -52,10 +52,14 @@ def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
     return out
 
 
-def bench(recipe: str, *, vary: list[tuple[str, list[str]]], dataset: str | None = None, device: str = "auto",
+def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
+          steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
           runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
           overrides: dict[str, Any] | None = None, log=print) -> dict:
-    """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module)."""
+    """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module).
+
+    steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
+    waterfall of ablate.py: cumulative configs)."""
     from speedrun import runs as runner
     from speedrun.results import environment
 
@@ -63,13 +67,14 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]], dataset: str | None
     family = rec.module()
     runs = runner._check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
     seed = runner._check_int("seed", "--seed", seed, 0, 2**62)
-    base = runner.make_config(rec, epochs, dict(overrides or {}))
-    settings = [("baseline", {}, base)]
-    for key, values in vary:
-        for value in values:
-            cfg = runner.make_config(rec, epochs, {**(overrides or {}), key: value})
-            if cfg != base and all(cfg != c for _, _, c in settings):  # the baseline's own value adds nothing
-                settings.append((f"{key}={value}", {key: value}, cfg))
+    if steps is None:
+        steps = [("baseline", {})] + [(f"{key}={value}", {key: value}) for key, values in vary for value in values]
+    settings = []
+    for name, changes in steps:
+        cfg = runner.make_config(rec, epochs, {**(overrides or {}), **changes})
+        if all(cfg != c for _, _, c in settings):  # a value that changes nothing (the baseline's own) is left out
+            settings.append((name, changes, cfg))
+    base = settings[0][2]
     if len(settings) == 1:
         raise ValueError("every --vary value equals the baseline's; give values that change the config")
     dev = resolve_device(device)
@@ -92,13 +97,14 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]], dataset: str | None
             results[name].append(run)
             order.append({"round": r, "setting": name, "seed": seed + r})
     env = environment(dev)
-    base_runs = results["baseline"]
+    base_name = settings[0][0]
+    base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
-              "vary": [[k, v] for k, v in vary], "order": order, "environment": env,
+              "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
               "settings": [{"name": name, "overrides": changes, "warmup_seconds": warmups[name],
                             **_stats(results[name]),
-                            "versus_baseline": None if name == "baseline" else _versus(results[name], base_runs),
+                            "versus_baseline": None if name == base_name else _versus(results[name], base_runs),
                             "runs": [r.to_dict() for r in results[name]]}
                            for name, changes, _ in settings]}
     report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,

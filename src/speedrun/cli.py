@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument(flag, **{"default": None, **kwargs})
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="the baseline's config overrides (repeatable)")
+    a.add_argument("--waterfall", default=None, metavar="ORDER",
+                   help="tricks (comma-separated) added one at a time to a plain start, cumulatively")
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")
