@@ -99,7 +99,8 @@ def _waterfall_lines(report: dict) -> list[str]:
             gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
         else:
             d = b["accuracy"]
-            gain, p = f"{d['diff'] * 100:+.2f} ({d['ci95'][0] * 100:+.2f} .. {d['ci95'][1] * 100:+.2f})", f"{d['p']:.3g}"
+            lo, hi = d["ci95"]
+            gain, p = f"{d['diff'] * 100:+.2f} ({lo * 100:+.2f} .. {hi * 100:+.2f})", f"{d['p']:.3g}"
         secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
         lines.append(f"{row['step'][:24]:24} {mean:>16} {gain:>28} {p:>8} {secs:>14}")
     return lines
