@@ -13,7 +13,6 @@ row is the recipe itself. Not yet here (issue 8): the --to-target epoch search.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
@@ -88,13 +87,13 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
 
 
 def _waterfall_lines(report: dict) -> list[str]:
+    from speedrun.bench import mean_std
+
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
              f"{report['runs']} interleaved round(s) per row",
              f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
     for row in report["waterfall"]:
-        acc, b = row["accuracy"], row["bought"]
-        mean = "n/a" if acc is None else f"{acc['mean'] * 100:.2f}" + (
-            f" ± {acc['std'] * 100:.2f}" if acc["std"] is not None else "")
+        b = row["bought"]
         if b is None:
             gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
         else:
@@ -102,7 +101,7 @@ def _waterfall_lines(report: dict) -> list[str]:
             lo, hi = d["ci95"]
             gain, p = f"{d['diff'] * 100:+.2f} ({lo * 100:+.2f} .. {hi * 100:+.2f})", f"{d['p']:.3g}"
         secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
-        lines.append(f"{row['step'][:24]:24} {mean:>16} {gain:>28} {p:>8} {secs:>14}")
+        lines.append(f"{row['step'][:24]:24} {mean_std(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
     return lines
 
 
@@ -125,33 +124,18 @@ def _lines(report: dict) -> list[str]:
 
 
 def ablate_command(args, argv: list[str]) -> int:
-    from speedrun import db
+    from speedrun.bench import run_and_store
     from speedrun.config import parse_set_args
-    from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
-                                  write_json)
 
     overrides = parse_set_args(args.overrides)
-    conn = db.connect(args.db)  # a bad --db, or an existing --json, fails before any training
-    path = (claim_result_path(args.json) if args.json else
-            default_result_path(f"ablate-{args.recipe}", args.dataset or "default"))
-    written = False
-    try:
+    order = [k.strip() for k in args.waterfall.split(",") if k.strip()] if args.waterfall else None
+
+    def make(log):
         common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
-                      data_dir=args.data_dir, overrides=overrides, log=lambda line: print(line, file=sys.stderr))
-        report = (waterfall(args.recipe, [k.strip() for k in args.waterfall.split(",") if k.strip()], **common)
-                  if args.waterfall else ablate(args.recipe, **common))
-        report["command"] = " ".join(["speedrun", *argv])
-        report = portable(report)
-        for result in report["results"]:
-            result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
-            db.insert_result(conn, result)
-        stored = db.insert_result(conn, report)
-        write_json(path, report)
-        written = True
-    finally:
-        conn.close()
-        if not written:
-            release_result_path(Path(path))
-    print("\n".join(_waterfall_lines(report) if args.waterfall else _lines(report)))
+                      data_dir=args.data_dir, overrides=overrides, log=log)
+        return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
+
+    report, path, stored = run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
+    print("\n".join(_waterfall_lines(report) if order is not None else _lines(report)))
     print(f"report: {path} (stored as #{stored})", file=sys.stderr)
     return 0

@@ -116,10 +116,6 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
 
 
 def _lines(report: dict) -> list[str]:
-    def ms(s: dict | None, scale: float) -> str:
-        return "n/a" if s is None else f"{s['mean'] * scale:.2f}" + (
-            f" ± {s['std'] * scale:.2f}" if s["std"] is not None else "")
-
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
              "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
              f"{'setting':28} {'n':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} {'p':>8} "
@@ -132,29 +128,35 @@ def _lines(report: dict) -> list[str]:
         p = "-" if acc is None else f"{acc['p']:.3g}"
         ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else \
             f"{secs['ratio']:.3f} ({secs['ratio_ci95'][0]:.3f} .. {secs['ratio_ci95'][1]:.3f})"
-        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {ms(s['accuracy'], 100):>14} {ms(s['train_seconds'], 1):>14} "
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {mean_std(s['accuracy'], 100):>14} {mean_std(s['train_seconds']):>14} "
                      f"{dacc:>24} {p:>8} {ratio:>22}")
     return lines
 
 
-def bench_command(args, argv: list[str]) -> int:
+def mean_std(summary: dict | None, scale: float = 1.0) -> str:
+    """"66.73 ± 0.74" from a stats.Summary dict ("n/a" without runs; no ± for one run)."""
+    if summary is None:
+        return "n/a"
+    return f"{summary['mean'] * scale:.2f}" + (f" ± {summary['std'] * scale:.2f}" if summary["std"] is not None
+                                               else "")
+
+
+def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, int]:
+    """What `bench` and `ablate` share: the database opened and the report file claimed first (a bad --db or an
+    existing --json fails before any training), then `make(log)` trains and returns the report; every setting's
+    result and the report are stored, and the report written. Returns (report, path, stored id)."""
     import sys
 
     from speedrun import db
-    from speedrun.config import parse_set_args
     from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
                                   write_json)
 
-    vary = parse_vary(args.vary)
-    overrides = parse_set_args(args.overrides)
-    conn = db.connect(args.db)  # a bad --db, or an existing --json, fails before any training
+    conn = db.connect(args.db)
     path = (claim_result_path(args.json) if args.json else
-            default_result_path(f"bench-{args.recipe}", args.dataset or "default"))
+            default_result_path(f"{kind}-{args.recipe}", args.dataset or "default"))
     written = False
     try:
-        report = bench(args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs,
-                       seed=args.seed, epochs=args.epochs, data_dir=args.data_dir, overrides=overrides,
-                       log=lambda line: print(line, file=sys.stderr))
+        report = make(lambda line: print(line, file=sys.stderr))
         report["command"] = " ".join(["speedrun", *argv])
         report = portable(report)
         for result in report["results"]:
@@ -167,6 +169,18 @@ def bench_command(args, argv: list[str]) -> int:
         conn.close()
         if not written:
             release_result_path(Path(path))
+    return report, path, stored
+
+
+def bench_command(args, argv: list[str]) -> int:
+    import sys
+
+    from speedrun.config import parse_set_args
+
+    vary, overrides = parse_vary(args.vary), parse_set_args(args.overrides)
+    report, path, stored = run_and_store(args, argv, "bench", lambda log: bench(
+        args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
+        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
     print("\n".join(_lines(report)))
     print(f"report: {path} (stored as #{stored}); order: "
           + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
