@@ -44,3 +44,46 @@ def test_bad_variations_are_one_line_before_any_run(vary, fragment, tmp_path, ca
 
 def test_parse_vary():
     assert bench.parse_vary(["a=1,2", " b = x "]) == [("a", ["1", "2"]), ("b", ["x"])]
+
+
+def test_an_interrupt_keeps_the_finished_runs_and_a_divergence_is_exit_3(tmp_path, capsys, monkeypatch):
+    from speedrun.engine import Diverged
+    from speedrun.recipes import cifar
+
+    real, calls = cifar.train_run, []
+
+    def third_diverges_fifth_interrupted(cfg, data, device, seed, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Diverged(2, 4, float("nan"), 1.0, "lr_per_1024")
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(cfg, data, device, seed, **kw)
+
+    monkeypatch.setattr(cifar, "train_run", third_diverges_fifth_interrupted)
+    out = tmp_path / "b.json"
+    assert main(["bench", *TINY, "--runs", "5", "--vary", "lookahead=false", "--db", str(tmp_path / "r.db"),
+                 "--json", str(out)]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == f"speedrun: interrupted; 4 finished run(s) kept in {out}"
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and report["complete"] is False and len(report["order"]) == 4
+    assert [s["diverged"] for s in report["settings"]] == [1, 0]
+    def every_other_diverges(*args, **kwargs):
+        calls.append(1)
+        if len(calls) % 2:
+            raise Diverged(1, 4, float("inf"), 1.0, "lr_per_1024")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cifar, "train_run", every_other_diverges)
+    assert main(["bench", *TINY, "--runs", "2", "--vary", "lookahead=false", "--db", str(tmp_path / "r.db"),
+                 "--json", str(tmp_path / "d.json")]) == 3
+    assert "run(s) diverged" in capsys.readouterr().err
+
+
+def test_a_tuple_key_takes_semicolons_between_values(tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["bench", *TINY, "--runs", "1", "--vary", "widths=8,16,32;8,8,8", "--db", str(tmp_path / "r.db"),
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["config"]["widths"] for r in report["results"]] == [[8, 16, 16], [8, 16, 32], [8, 8, 8]]
+    assert main(["ablate", *TINY, "--waterfall", "", "--db", str(tmp_path / "r.db")]) == 2  # not a full ablate

@@ -59,3 +59,24 @@ def test_a_reference_that_is_not_a_training_result_is_one_line(ref, tmp_path, ca
 def test_compare_keeps_its_labels():
     report = compare.compare(json.load(open(ONE)), json.load(open(ONE)), ("x", "y"))
     assert report["metrics"]["accuracy"]["test"]["diff"] == 0 and report["a"] == "x"
+
+
+def test_hostile_run_records_are_named_and_caveats_given(tmp_path, capsys):
+    good = json.load(open(ONE))
+    for change, fragment in ((lambda r: r["runs"][1].update(accuracy="0.9"), "run 2 has accuracy='0.9'"),
+                             (lambda r: r["runs"][0].update(accuracy=1e308), "run 1 has accuracy=1e+308"),
+                             (lambda r: r["runs"][2].update(diverged=False), "run 3 is not a run record"),
+                             (lambda r: r.update(runs=[5, "x"]), "run 1 is not a run record")):
+        bad = json.loads(json.dumps(good))
+        change(bad)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        assert main(["compare", ONE, str(path), "--db", str(tmp_path / "r.db")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and fragment in err and str(path) in err
+    cut = json.loads(json.dumps(good))
+    cut.update(complete=False, interrupted=True)
+    cut["runs"][0]["diverged"], cut["runs"][0]["accuracy"] = {"step": 3}, None
+    report = compare.compare(good, cut)
+    assert any("incomplete" in c for c in report["caveats"]) and any("1 run(s) diverged" in c for c in report["caveats"])
+    assert any("same result" in c for c in compare.compare(good, good)["caveats"])

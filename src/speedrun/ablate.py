@@ -128,14 +128,16 @@ def ablate_command(args, argv: list[str]) -> int:
     from speedrun.config import parse_set_args
 
     overrides = parse_set_args(args.overrides)
-    order = [k.strip() for k in args.waterfall.split(",") if k.strip()] if args.waterfall else None
+    order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
 
     def make(log):
         common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
                       data_dir=args.data_dir, overrides=overrides, log=log)
         return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
 
+    from speedrun.bench import diverged_exit
+
     report, path, stored = run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
     print("\n".join(_waterfall_lines(report) if order is not None else _lines(report)))
     print(f"report: {path} (stored as #{stored})", file=sys.stderr)
-    return 0
+    return diverged_exit(report)

@@ -19,12 +19,15 @@ from speedrun.engine import Diverged, RunResult, resolve_device
 from speedrun.stats import mean_diff_test, summarize
 
 
-def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
-    """["lookahead=true,false", "tta_level=0"] -> [("lookahead", ["true", "false"]), ("tta_level", ["0"])]."""
+def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
+    """["lookahead=true,false", "tta_level=0"] -> [("lookahead", ["true", "false"]), ("tta_level", ["0"])].
+
+    A key whose value is itself comma-separated (widths=64,256,256: `tuple_keys`) takes ';' between values:
+    "widths=64,256,256;32,64,64" is two settings, "widths=8,16,32" one."""
     out = []
     for item in items:
         key, sep, values = item.partition("=")
-        parts = [v.strip() for v in values.split(",") if v.strip()]
+        parts = [v.strip() for v in values.split(";" if key.strip() in tuple_keys else ",") if v.strip()]
         if not sep or not key.strip() or not parts:
             raise ValueError(f"--vary {item!r}: expected KEY=V1,V2,..., e.g. --vary lookahead=false")
         out.append((key.strip(), parts))
@@ -85,21 +88,30 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     warmups = {name: family.warmup(cfg, data, dev) for name, _, cfg in settings}
     results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
     order = []
-    for r in range(runs):
-        for name, _, cfg in settings:
-            log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
-            try:
-                run = family.train_run(cfg, data, dev, seed + r)
-            except Diverged as e:
-                run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
-                                diverged=e.to_dict())
-            run.model = None
-            results[name].append(run)
-            order.append({"round": r, "setting": name, "seed": seed + r})
+    interrupt = None
+    try:
+        for r in range(runs):
+            for name, _, cfg in settings:
+                log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
+                try:
+                    run = family.train_run(cfg, data, dev, seed + r)
+                except Diverged as e:
+                    log(f"warning: {name}, seed {seed + r}: {e}")
+                    run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs,
+                                    steps=e.step, diverged=e.to_dict())
+                run.model = None
+                results[name].append(run)
+                order.append({"round": r, "setting": name, "seed": seed + r})
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
+        if not order:
+            raise
+        interrupt = e
     env = environment(dev)
     base_name = settings[0][0]
     base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
+              "complete": interrupt is None, "interrupted": interrupt is not None,
+              "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
               "settings": [{"name": name, "overrides": changes, "warmup_seconds": warmups[name],
@@ -109,7 +121,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                            for name, changes, _ in settings]}
     report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,
                                        config=dataclasses.asdict(cfg), runs=results[name], environment=env,
-                                       runs_requested=runs, complete=True, timed_region=family.timed_region(cfg),
+                                       runs_requested=runs, complete=interrupt is None,
+                                       interrupted=interrupt is not None, timed_region=family.timed_region(cfg),
                                        command=f"bench {name}").to_dict()
                          for name, _, cfg in settings]
     return report
@@ -118,8 +131,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
 def _lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
              "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
-             f"{'setting':28} {'n':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} {'p':>8} "
-             f"{'time ratio':>22}"]
+             f"{'setting':28} {'n':>3} {'div':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} "
+             f"{'p':>8} {'time ratio':>22}"]
     for s in report["settings"]:
         v = s["versus_baseline"]
         acc, secs = (v or {}).get("accuracy"), (v or {}).get("train_seconds")
@@ -128,7 +141,7 @@ def _lines(report: dict) -> list[str]:
         p = "-" if acc is None else f"{acc['p']:.3g}"
         ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else \
             f"{secs['ratio']:.3f} ({secs['ratio_ci95'][0]:.3f} .. {secs['ratio_ci95'][1]:.3f})"
-        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {mean_std(s['accuracy'], 100):>14} {mean_std(s['train_seconds']):>14} "
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} {mean_std(s['train_seconds']):>14} "
                      f"{dacc:>24} {p:>8} {ratio:>22}")
     return lines
 
@@ -147,7 +160,7 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, i
     result and the report are stored, and the report written. Returns (report, path, stored id)."""
     import sys
 
-    from speedrun import db
+    from speedrun import db, runs
     from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
                                   write_json)
 
@@ -157,14 +170,19 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, i
     written = False
     try:
         report = make(lambda line: print(line, file=sys.stderr))
+        interrupt = report.pop("_interrupt", None)
         report["command"] = " ".join(["speedrun", *argv])
-        report = portable(report)
-        for result in report["results"]:
-            result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
-            db.insert_result(conn, result)
-        stored = db.insert_result(conn, report)
-        write_json(path, report)
-        written = True
+        with runs._signals_held():  # what finished is kept whole, whatever signal comes now
+            report = portable(report)
+            for result in report["results"]:
+                result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
+                db.insert_result(conn, result)
+            stored = db.insert_result(conn, report)
+            write_json(path, report)
+            written = True
+        if interrupt is not None:
+            interrupt.runs_kept, interrupt.result_path = len(report["order"]), path
+            raise interrupt
     finally:
         conn.close()
         if not written:
@@ -177,7 +195,12 @@ def bench_command(args, argv: list[str]) -> int:
 
     from speedrun.config import parse_set_args
 
-    vary, overrides = parse_vary(args.vary), parse_set_args(args.overrides)
+    from speedrun import config, runs as runner
+
+    rec = runner.get_recipe(args.recipe)
+    tuple_keys = frozenset(k for k, t in config._field_types(type(rec.make_config())).items()
+                           if getattr(t, "__origin__", None) is tuple)
+    vary, overrides = parse_vary(args.vary, tuple_keys), parse_set_args(args.overrides)
     report, path, stored = run_and_store(args, argv, "bench", lambda log: bench(
         args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
         epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
@@ -185,4 +208,15 @@ def bench_command(args, argv: list[str]) -> int:
     print(f"report: {path} (stored as #{stored}); order: "
           + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
           file=sys.stderr)
-    return 0
+    return diverged_exit(report)
+
+
+def diverged_exit(report: dict) -> int:
+    """3 when a run diverged (as `speedrun train`), each setting's count on stderr; else 0."""
+    import sys
+
+    bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
+    for name, count in bad:
+        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics",
+              file=sys.stderr)
+    return 3 if bad else 0

@@ -36,12 +36,29 @@ def _load(ref: str, conn) -> tuple[str, dict]:
     return ref, load_result(ref)
 
 
+# What a finished run's value may be: accuracy a fraction, timed seconds up to ten years.
+_RANGES = {"accuracy": (0.0, 1.0), "train_seconds": (0.0, 3.2e8)}
+
+
 def _values(result: dict, label: str, key: str) -> list[float]:
+    """The finished runs' `key`, each checked: a file from elsewhere may hold anything."""
     runs = result.get("runs")
     if not isinstance(runs, list) or "benchmark" in result:
         raise ValueError(f"{label} is not a `speedrun train` result (no runs); compare two training results")
-    values = [r.get(key) for r in runs if isinstance(r, dict) and r.get("diverged") is None]
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    low, high = _RANGES[key]
+    values = []
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or not isinstance(r.get("diverged"), (dict, type(None))):
+            raise ValueError(f"{label}: run {i + 1} is not a run record (a dict whose 'diverged' is null or a "
+                             "dict); give a result JSON of speedrun train")
+        if r["diverged"] is not None:
+            continue
+        v = r.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
+            raise ValueError(f"{label}: run {i + 1} has {key}={v!r:.40}, not a number in [{low:g}, {high:g}]; "
+                             "give a result JSON of speedrun train")
+        values.append(float(v))
+    return values
 
 
 def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
@@ -49,6 +66,15 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
     caveats = [f"{key} differs: {a.get(key)!r} vs {b.get(key)!r}" for key in ("recipe", "dataset", "device")
                if a.get(key) != b.get(key)]
     caveats += [f"{label} is a smoke test, not a result" for label, r in zip(labels, (a, b)) if r.get("smoke_test")]
+    if a == b:
+        caveats.append("A and B are the same result: the test assumes two independent sets of runs")
+    for label, r in zip(labels, (a, b)):
+        if r.get("complete") is False or r.get("interrupted"):
+            caveats.append(f"{label} is incomplete (interrupted or cut off): only its finished runs count")
+        diverged = sum(1 for run in r["runs"] if isinstance(run, dict) and run.get("diverged") is not None) \
+            if isinstance(r.get("runs"), list) else 0
+        if diverged:
+            caveats.append(f"{label}: {diverged} run(s) diverged and are left out")
     metrics = {}
     for key, _, _ in METRICS:
         xa, xb = _values(a, labels[0], key), _values(b, labels[1], key)

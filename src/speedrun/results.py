@@ -295,14 +295,14 @@ def load_result(path: str | Path) -> dict:
         raise ValueError(f"{path}: not a result JSON (not UTF-8 text: {e.reason}); "
                          "remove it or pass a result file") from None
     if not text.strip():
-        raise ValueError(f"{path}: empty result file (a claimed path whose run never finished); delete it or rerun")
+        raise ValueError(f"{path}: empty result file (a claimed path whose run never finished); give a result file")
     try:
         obj = json.loads(text)
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to be a result; give a result JSON file") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-                         f"the file is truncated or not a result, delete it or rerun") from None
+                         f"the file is truncated or not a result; give a result JSON file") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: a result is a JSON object, found {type(obj).__name__}; pass a result file")
     return obj
