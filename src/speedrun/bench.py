@@ -141,7 +141,8 @@ def _lines(report: dict) -> list[str]:
         p = "-" if acc is None else f"{acc['p']:.3g}"
         ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else \
             f"{secs['ratio']:.3f} ({secs['ratio_ci95'][0]:.3f} .. {secs['ratio_ci95'][1]:.3f})"
-        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} {mean_std(s['train_seconds']):>14} "
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} "
+                     f"{mean_std(s['train_seconds']):>14} "
                      f"{dacc:>24} {p:>8} {ratio:>22}")
     return lines
 
