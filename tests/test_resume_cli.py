@@ -145,7 +145,8 @@ def _craft(directory: str, change) -> Path:
     newest = list_checkpoints(Path(directory))[0]
     state, meta = load_checkpoint(newest)
     change(state, meta)
-    return save_checkpoint(directory, meta["run"], meta["step"], state, meta, keep=10)
+    run, step = (int(part) for part in newest.stem.split("-")[1:])  # the file's own name, whatever meta says now
+    return save_checkpoint(directory, run, step, state, meta, keep=10)
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -159,6 +160,7 @@ def _craft(directory: str, change) -> Path:
     (lambda s, m: m["finished"][0].update(accuracy="nope"), "malformed run records"),
     (lambda s, m: m["finished"][0].update(seed=None), "malformed run records"),
     (lambda s, m: m.update(finished="x"), "malformed run records"),
+    (lambda s, m: m.update(run="x"), "malformed run records"),
 ])
 def test_a_well_formed_checkpoint_with_wrong_content_is_one_line_before_training(change, fragment, capsys,
                                                                                    monkeypatch):

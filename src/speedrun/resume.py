@@ -88,8 +88,9 @@ class Plan:
         if found is None:
             log(f"no checkpoint in {printable(str(where))} yet: starting afresh")
         else:
-            log(f"resuming from {printable(str(found[2]))} (run {found[1].get('run', 0) + 1}, "
-                f"step {found[1].get('step')})")
+            run, step = found[1].get("run"), found[1].get("step")  # checked in check_found; shown as they are
+            log(f"resuming from {printable(str(found[2]))} (run index {printable(repr(run))[:20]}, step "
+                f"{printable(repr(step))[:20]})")
         return found
 
     def check_found(self, found: Found | None, meta: dict | None, may_differ: frozenset[str],
