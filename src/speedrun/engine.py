@@ -12,7 +12,6 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -206,27 +205,36 @@ class StopRequest:
 
 
 @contextlib.contextmanager
+def signals_handled_by(handler):
+    """Inside the block, SIGINT and SIGTERM call `handler(signum, frame)` instead of interrupting; the previous
+    handlers come back after it. Python-level handlers, not a signal mask: torch's threads would take a
+    process-directed signal that the main thread blocks. Only the main thread may set handlers; elsewhere this
+    changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, signal.SIG_DFL if old is None else old)  # None: a handler set outside Python
+
+
+@contextlib.contextmanager
 def stop_at_step_end():
     """Inside the block, SIGINT and SIGTERM do not interrupt: they are recorded in the yielded StopRequest, and the
     loop stops after its current step, with a consistent state to checkpoint (an exception mid-step would leave the
     optimizers half-stepped). Later signals change nothing: the run is already stopping, and torchrun forwards the
-    terminal's Ctrl-C to its workers a second time. Only the main thread may set handlers; elsewhere signals keep
-    their usual effect."""
+    terminal's Ctrl-C to its workers a second time. Off the main thread signals keep their usual effect."""
     request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
 
     def record(signum, frame):
         if request.signum is None:
             request.signum = signum
 
-    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signals_handled_by(record):
         yield request
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
 
 
 class FiniteLossGuard:

@@ -7,14 +7,11 @@ statistics, the result file, checkpoints and resume, the saved model, and what i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sqlite3
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,7 +24,7 @@ from speedrun import cost, dist
 from speedrun.checkpoint import list_checkpoints
 from speedrun.config import apply_overrides
 from speedrun.data import limits
-from speedrun.engine import Diverged, RunResult, resolve_device
+from speedrun.engine import Diverged, RunResult, resolve_device, signals_handled_by
 from speedrun.errors import SpeedrunWarning, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines  # noqa: F401 (the public API's names)
 from speedrun.results import (claim_result_path, default_result_path, environment, portable, release_result_path,
@@ -347,20 +344,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         dist.shutdown(world, in_step)
 
 
-@contextlib.contextmanager
 def _signals_held():
     """A Ctrl-C or SIGTERM during the block does not interrupt it; the command is stopping already, so it changes
-    nothing after it either. Python-level handlers, not a signal mask: torch's threads would take a process-directed
-    signal that the main thread blocks. Only the main thread may set handlers; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, lambda signum, frame: None) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+    nothing after it either (engine.signals_handled_by; off the main thread this does nothing)."""
+    return signals_handled_by(lambda signum, frame: None)
 
 
 def print_recipes(file=sys.stdout) -> None:
