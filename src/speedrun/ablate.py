@@ -87,7 +87,7 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
 
 
 def _waterfall_lines(report: dict) -> list[str]:
-    from speedrun.bench import mean_std
+    from speedrun.bench import interval_text, mean_std
 
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
              f"{report['runs']} interleaved round(s) per row",
@@ -98,14 +98,15 @@ def _waterfall_lines(report: dict) -> list[str]:
             gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
         else:
             d = b["accuracy"]
-            lo, hi = d["ci95"]
-            gain, p = f"{d['diff'] * 100:+.2f} ({lo * 100:+.2f} .. {hi * 100:+.2f})", f"{d['p']:.3g}"
+            gain, p = interval_text(d["diff"], d["ci95"], 100), f"{d['p']:.3g}"
         secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
         lines.append(f"{row['step'][:24]:24} {mean_std(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
     return lines
 
 
 def _lines(report: dict) -> list[str]:
+    from speedrun.bench import interval_text
+
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
              f"{report['runs']} interleaved round(s); gain = baseline - trick off",
              f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
@@ -115,8 +116,7 @@ def _lines(report: dict) -> list[str]:
         elif r["gain_accuracy"] is None:
             gain, p, ratio = "n/a (needs 2+ runs)", "", ""
         else:
-            lo, hi = r["gain_ci95"]
-            gain = f"{r['gain_accuracy'] * 100:+.2f} ({lo * 100:+.2f} .. {hi * 100:+.2f})"
+            gain = interval_text(r["gain_accuracy"], r["gain_ci95"], 100)
             p = f"{r['p']:.3g}"
             ratio = "-" if r["time_ratio_off"] is None else f"{r['time_ratio_off']:.3f}"
         lines.append(f"{r['trick']:20} {str(r['off']):>10} {gain:>30} {p:>8} {ratio:>12}  {r['what']}")

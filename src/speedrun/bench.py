@@ -136,11 +136,10 @@ def _lines(report: dict) -> list[str]:
     for s in report["settings"]:
         v = s["versus_baseline"]
         acc, secs = (v or {}).get("accuracy"), (v or {}).get("train_seconds")
-        dacc = "-" if s["name"] == "baseline" else "n/a" if acc is None else \
-            f"{acc['diff'] * 100:+.2f} ({acc['ci95'][0] * 100:+.2f} .. {acc['ci95'][1] * 100:+.2f})"
+        dacc = ("-" if s["name"] == "baseline" else "n/a" if acc is None
+                else interval_text(acc["diff"], acc["ci95"], 100))
         p = "-" if acc is None else f"{acc['p']:.3g}"
-        ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else \
-            f"{secs['ratio']:.3f} ({secs['ratio_ci95'][0]:.3f} .. {secs['ratio_ci95'][1]:.3f})"
+        ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else ratio_text(secs)
         lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} "
                      f"{mean_std(s['train_seconds']):>14} "
                      f"{dacc:>24} {p:>8} {ratio:>22}")
@@ -153,6 +152,18 @@ def mean_std(summary: dict | None, scale: float = 1.0) -> str:
         return "n/a"
     return f"{summary['mean'] * scale:.2f}" + (f" ± {summary['std'] * scale:.2f}" if summary["std"] is not None
                                                else "")
+
+
+def interval_text(value: float, interval: list[float], scale: float = 1.0) -> str:
+    """"+0.35 (-1.40 .. +2.11)": a signed difference and its 95% interval, times `scale` (100: points)."""
+    low, high = interval
+    return f"{value * scale:+.2f} ({low * scale:+.2f} .. {high * scale:+.2f})"
+
+
+def ratio_text(test: dict) -> str:
+    """"0.812 (0.802 .. 0.822)": stats.mean_diff_test's ratio and its 95% interval."""
+    low, high = test["ratio_ci95"]
+    return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"
 
 
 def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, int]:

@@ -91,11 +91,10 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
 
 
 def _text(report: dict) -> list[str]:
+    from speedrun.bench import interval_text, mean_std, ratio_text
+
     def ms(s: dict | None, scale: float) -> str:
-        if s is None:
-            return "no runs"
-        return f"{s['mean'] * scale:.2f}" + (f" ± {s['std'] * scale:.2f}" if s["std"] is not None else "") + \
-            f" (n={s['n']})"
+        return "no runs" if s is None else f"{mean_std(s, scale)} (n={s['n']})"
 
     lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
     lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")
@@ -104,11 +103,7 @@ def _text(report: dict) -> list[str]:
         if t is None:
             diff, p, ratio = "n/a (needs 2+ runs a side)", "n/a", "n/a"
         else:
-            lo, hi = t["ci95"]
-            diff = f"{t['diff'] * scale:+.2f} ({lo * scale:+.2f} .. {hi * scale:+.2f})"
-            p = f"{t['p']:.3g}"
-            rlo, rhi = t["ratio_ci95"]
-            ratio = f"{t['ratio']:.3f} ({rlo:.3f} .. {rhi:.3f})"
+            diff, p, ratio = interval_text(t["diff"], t["ci95"], scale), f"{t['p']:.3g}", ratio_text(t)
         lines.append(f"{name:11} {ms(m['a'], scale):>24} {ms(m['b'], scale):>24} {diff:>28} {p:>9} {ratio:>24}")
     return lines
 
