@@ -8,6 +8,9 @@ recipe (cutout in cifar10-94, compile on a CPU) is listed as such, not measured.
 paper do: start from a plain baseline with every trick in ORDER off, then switch them on one at a time in that
 order; each row shows what its trick bought over the row before (95% CI, p) and the time it changed. The last
 row is the recipe itself. Not yet here (issue 8): the --to-target epoch search.
+
+"Already off" is judged on the device that runs: `precision=auto` is fp32 on a CPU, so switching bf16 off there
+would train the baseline again under another name (three wasted runs per row on this machine's CPU).
 """
 
 from __future__ import annotations
@@ -15,16 +18,33 @@ from __future__ import annotations
 import sys
 
 
+def effective(key: str, value, device):
+    """What a switch's value means on `device`: the shared "auto" settings resolved (tricks/precision.py)."""
+    from speedrun.tricks.precision import resolve_channels_last, resolve_precision
+
+    if key == "precision":
+        return resolve_precision(value, device)
+    if key == "channels_last":
+        return resolve_channels_last(value, device)
+    return value
+
+
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution."""
     from speedrun import bench as benching, runs as runner
+    from speedrun.engine import resolve_device
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
-    measured = [(key, off, what) for key, off, what in family.TRICKS if getattr(base, key) != off]
+    dev = resolve_device(bench_kwargs.get("device", "auto"))
+
+    def is_off(key, off):
+        return effective(key, getattr(base, key), dev) == effective(key, off, dev)
+
+    measured = [(key, off, what) for key, off, what in family.TRICKS if not is_off(key, off)]
     already_off = [{"trick": key, "off": off, "what": what, "measured": False} for key, off, what in family.TRICKS
-                   if getattr(base, key) == off]
+                   if is_off(key, off)]
     report = benching.bench(recipe, vary=[(key, [str(off).lower() if isinstance(off, bool) else str(off)])
                                           for key, off, _ in measured], runs=runs, **bench_kwargs)
     report["benchmark"] = "ablate"
@@ -48,6 +68,7 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
 def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
     """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
     from speedrun import bench as benching, runs as runner
+    from speedrun.engine import resolve_device
     from speedrun.stats import mean_diff_test
 
     rec = runner.get_recipe(recipe)
@@ -58,9 +79,10 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
         raise ValueError(f"--waterfall takes distinct registered tricks, comma-separated; unknown or repeated: "
                          f"{', '.join(unknown) or ', '.join(order)}; registered: {', '.join(offs)}")
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
-    already = [key for key in order if getattr(base, key) == offs[key]]
+    dev = resolve_device(bench_kwargs.get("device", "auto"))
+    already = [key for key in order if effective(key, getattr(base, key), dev) == effective(key, offs[key], dev)]
     if already:
-        raise ValueError(f"{', '.join(already)} is already off in {recipe}: leave it out of --waterfall")
+        raise ValueError(f"{', '.join(already)} is already off in {recipe} on {dev.type}: leave it out of --waterfall")
     text = {key: str(off).lower() if isinstance(off, bool) else str(off) for key, off in offs.items()}
     steps, off = [], {key: text[key] for key in order}
     steps.append(("plain (all off)", dict(off)))
