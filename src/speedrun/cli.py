@@ -161,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    o = sub.add_parser("report", help="the results database as one HTML page; --readme/--benchmarks tables")
+    o.add_argument("--out", default=None, metavar="FILE",
+                   help="the HTML file (default speedrun-report.html; replaces only an earlier report)")
+    o.add_argument("--readme", default=None, metavar="FILE",
+                   help="rewrite the records table between the speedrun report markers in FILE (README.md)")
+    o.add_argument("--benchmarks", default=None, metavar="FILE",
+                   help="rewrite the ablation and waterfall tables between the markers in FILE (BENCHMARKS.md)")
+    o.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     sub.add_parser("recipes", help="list the recipes")
     return parser
 
@@ -241,6 +249,13 @@ def _train(args, argv: list[str]) -> int:
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 
+# Each subcommand's function: (module, function, whether it takes the command line too).
+_COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "predict_command", False),
+             "bench": ("bench", "bench_command", True), "ablate": ("ablate", "ablate_command", True),
+             "compare": ("compare", "compare_command", False), "results": ("db", "results_command", False),
+             "report": ("report", "report_command", False)}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -263,30 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
         with _cli_signals_and_warnings():
-            if args.command == "eval":
-                from speedrun import saved
+            if args.command in _COMMANDS:
+                import importlib
 
-                return saved.eval_command(args)
-            if args.command == "predict":
-                from speedrun import saved
-
-                return saved.predict_command(args)
-            if args.command == "bench":
-                from speedrun import bench
-
-                return bench.bench_command(args, argv)
-            if args.command == "ablate":
-                from speedrun import ablate
-
-                return ablate.ablate_command(args, argv)
-            if args.command == "compare":
-                from speedrun import compare
-
-                return compare.compare_command(args)
-            if args.command == "results":
-                from speedrun import db
-
-                return db.import_command(args) if args.results_action == "import" else db.results_command(args)
+                module, function, takes_argv = _COMMANDS[args.command]
+                if args.command == "results" and args.results_action == "import":
+                    function = "import_command"
+                run = getattr(importlib.import_module(f"speedrun.{module}"), function)
+                return run(args, argv) if takes_argv else run(args)
             return _train(args, argv)
     except ValueError as exc:
         _say(f"{prog}: error: {_one_line(exc)}")

@@ -163,15 +163,19 @@ def write_json(path: str | Path, obj) -> Path:
     before the rename so a crash cannot leave the new name pointing at unwritten blocks (the ext4 delayed-
     allocation lesson, see LWN "ext4 and data loss", 2009).
     """
+    text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=False, default=_to_json, allow_nan=False)
+    return write_text(path, text + "\n")
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write text (UTF-8) at path atomically, as write_json does (its docstring says why each step)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite_or_null(obj), indent=2, sort_keys=False, default=_to_json, allow_nan=False)
     # A short temporary name: the result's own name may be near the file system's 255-character limit.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speedrun-result-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared and read by other users

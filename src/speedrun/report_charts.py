@@ -1,0 +1,149 @@
+"""The charts of `speedrun report` (report.py), drawn with matplotlib and returned as PNG bytes to embed.
+
+matplotlib's object API (Figure + the Agg canvas), never pyplot: no global figure state, no GUI backend, nothing
+left open between charts. Every label comes from a database that may hold anything, so each "$" is escaped (two of
+them in a recipe name would otherwise be parsed as TeX, which can fail to draw) and labels are cut to a length.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+LABEL_CHARS, TITLE_CHARS = 48, 100
+WIDTH_IN, DPI = 7.5, 110  # a 825-pixel-wide image: readable at a laptop's width, small in base64
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+
+
+def _label(text: object, limit: int = LABEL_CHARS) -> str:
+    text = " ".join(str(text).split())
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return text.replace("$", r"\$")  # matplotlib's escape for a literal dollar
+
+
+def _figure(height_in: float):
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ValueError("speedrun report draws its charts with matplotlib, which is not installed; "
+                         "pip install 'speedrun[report]' (or pip install matplotlib)") from None
+    return Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})  # no version stamp: same data, same bytes
+    return buf.getvalue()
+
+
+def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> bytes:
+    """One point per stored result: mean timed seconds (log x) against mean test accuracy (%), ± one std as
+    error bars, a colour per recipe; a dashed line at each target. points: recipe, seconds, std_seconds,
+    accuracy, std_accuracy (fractions)."""
+    fig = _figure(4.2)
+    ax = fig.add_subplot()
+    recipes = sorted({p["recipe"] for p in points})
+    for i, recipe in enumerate(recipes):
+        mine = [p for p in points if p["recipe"] == recipe]
+        ax.errorbar([p["seconds"] for p in mine], [100 * p["accuracy"] for p in mine],
+                    xerr=[p["std_seconds"] or 0 for p in mine], yerr=[100 * (p["std_accuracy"] or 0) for p in mine],
+                    fmt="o", color=_COLORS[i % len(_COLORS)], label=_label(recipe), capsize=3, alpha=0.85)
+    for target in targets:
+        ax.axhline(100 * target, color="#555", linestyle="--", linewidth=1)
+    log = all(p["seconds"] > 0 for p in points)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel("mean timed seconds per run" + (" (log scale)" if log else ""))
+    ax.set_ylabel("mean test accuracy, %")
+    ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if recipes:
+        ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def learning_curves(title: str, curves: list[dict]) -> bytes:
+    """Test accuracy (%) after each epoch, the mean over a result's runs. curves: label, epochs, accuracy."""
+    fig = _figure(4.0)
+    ax = fig.add_subplot()
+    for i, curve in enumerate(curves):
+        ax.plot(curve["epochs"], [100 * a for a in curve["accuracy"]], marker="o", markersize=3,
+                color=_COLORS[i % len(_COLORS)], label=_label(curve["label"]))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy, %")
+    ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def ablation_bars(title: str, rows: list[dict]) -> bytes:
+    """What each trick buys: baseline minus trick-off, in accuracy points, with its 95% interval; dark bars have
+    p < 0.05. rows: trick, gain, low, high (fractions), p."""
+    fig = _figure(0.9 + 0.32 * max(len(rows), 1))
+    ax = fig.add_subplot()
+    y = list(range(len(rows)))[::-1]  # the first row (largest gain) on top
+    gains = [100 * r["gain"] for r in rows]
+    err = [[100 * (r["gain"] - r["low"]) for r in rows], [100 * (r["high"] - r["gain"]) for r in rows]]
+    colors = ["#1f77b4" if r["p"] is not None and r["p"] < 0.05 else "#aec7e8" for r in rows]
+    ax.barh(y, gains, xerr=err, color=colors, capsize=3)
+    ax.set_yticks(y, [_label(r["trick"]) for r in rows], fontsize=8)
+    ax.axvline(0, color="#333", linewidth=1)
+    ax.set_xlabel("accuracy points bought (baseline - trick off), 95% CI; dark: p < 0.05")
+    ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def waterfall(title: str, steps: list[dict]) -> bytes:
+    """The cumulative story: each bar runs from the row before's mean accuracy to this row's (green up, red down);
+    the first bar starts at zero. steps: label, accuracy (fraction), std (fraction or None)."""
+    fig = _figure(4.0)
+    ax = fig.add_subplot()
+    previous = None
+    for i, step in enumerate(steps):
+        acc = 100 * step["accuracy"]
+        low = 0.0 if previous is None else previous
+        color = "#7f7f7f" if previous is None else ("#2ca02c" if acc >= previous else "#d62728")
+        ax.bar(i, acc - low, bottom=low, color=color, width=0.7,
+               yerr=None if step["std"] is None else 100 * step["std"], capsize=3)
+        ax.text(i, acc, f"{acc:.1f}", ha="center", va="bottom", fontsize=7)
+        previous = acc
+    values = [100 * s["accuracy"] for s in steps]
+    if values:
+        span = max(values) - min(values)
+        ax.set_ylim(max(0.0, min(values) - max(span, 2.0)), min(100.0, max(values) + max(span * 0.3, 1.0)))
+    ax.set_xticks(range(len(steps)), [_label(s["label"]) for s in steps], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("mean test accuracy, %")
+    ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def epochs_bars(title: str, rows: list[dict]) -> bytes:
+    """--to-target: the epochs each variant needed to reach the target; grey bars did not reach it by their
+    ceiling (drawn at the highest epochs probed). rows: name, epochs, reached (bool)."""
+    fig = _figure(0.9 + 0.32 * max(len(rows), 1))
+    ax = fig.add_subplot()
+    y = list(range(len(rows)))[::-1]
+    ax.barh(y, [r["epochs"] for r in rows], color=["#1f77b4" if r["reached"] else "#dddddd" for r in rows],
+            hatch=None, edgecolor="#333")
+    for yi, r in zip(y, rows):
+        ax.text(r["epochs"], yi, f" {r['epochs']:.3g}" + ("" if r["reached"] else " (not reached)"),
+                va="center", fontsize=7)
+    ax.set_yticks(y, [_label(r["name"]) for r in rows], fontsize=8)
+    ax.set_xlabel("epochs to the target (grey: not reached at the search's ceiling)")
+    ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def finite(value) -> float | None:
+    """A JSON number as a finite float; anything else (a string, a bool, null, a huge int) None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None

@@ -1,0 +1,145 @@
+"""The HTML page of `speedrun report` (report.py collects the data; report_charts.py draws).
+
+One file that works offline: inline CSS, every chart a base64 PNG `<img data-chart="KIND">`, no script, no link
+out. Every stored string is escaped (a recipe named `<script>` is text on the page).
+"""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from datetime import datetime, timezone
+from html import escape
+
+from speedrun import report as rep
+from speedrun import report_charts as charts
+
+_STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
+h1{font-size:24px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:16px}
+table{border-collapse:collapse;margin:8px 0 16px;font-size:12.5px}td,th{border:1px solid #ddd;padding:3px 7px;
+vertical-align:top}th{background:#f4f4f4;text-align:left}tr.reached td:first-child{border-left:4px solid #2ca02c}
+td.num{text-align:right;white-space:nowrap}code{font-size:11.5px;word-break:break-all}.fp{color:#666;font-size:11px}
+img.chart{display:block;max-width:100%;margin:8px 0 20px;border:1px solid #eee}.note{color:#555}"""
+
+
+def _img(kind: str, png: bytes, alt: str) -> str:
+    return (f'<img class="chart" data-chart="{escape(kind)}" alt="{escape(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">')
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    """Cells are HTML already (the callers escape; a cell that is a whole <td> is kept); header cells are ours."""
+    body = "".join(f'<tr class="{cls}">' + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in cells)
+                   + "</tr>" for cls, cells in zip(classes or [""] * len(rows), rows))
+    return f"<table><thead><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _num(text: str) -> str:
+    return f'<td class="num">{escape(text)}</td>'
+
+
+def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
+    out = ['<h2 id="leaderboard">Leaderboards</h2>',
+           '<p class="note">Per dataset and target accuracy: results whose mean accuracy reaches the target, fastest '
+           'mean timed region first, then the rest, most accurate first. Cost: US dollars per timed run at the '
+           'price the result carries (none for a device without a price).</p>']
+    for board in boards:
+        target = rep._NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
+        rows = board["rows"][:rep.ROWS_PER_BOARD]
+        out.append(f"<h3>{escape(rep._text(board['dataset'], 200))} · {escape(target)}</h3>")
+        cells = []
+        for i, r in enumerate(rows):
+            cost = rep.finite(r["cost"])
+            cells.append([_num(str(i + 1)), escape(rep._text(r["recipe"], 60)),
+                          escape(rep._text(r["device_name"] or r["device"], 60)),
+                          _num(rep._pm(r["accuracy"], r["std_accuracy"], 100)), _num(rep._pm(r["seconds"], r["std_seconds"])),
+                          _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep._hits(r)),
+                          escape(rep._text(r["date"], 20)[:10]), f"<code>{escape(rep._text(r['command'], 1000))}</code>",
+                          f'<span class="fp">{escape(rep._fingerprint(r))}</span>'])
+        out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "hit", "date",
+                           "command", "fingerprint"], cells, ["reached" if rep._reached(r) else "" for r in rows]))
+        if len(board["rows"]) > len(rows):
+            out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
+    return out
+
+
+def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
+    out = ['<h2 id="accuracy-time">Accuracy against time</h2>']
+    curves_html = ['<h2 id="curves">Learning curves</h2>',
+                   '<p class="note">Test accuracy after each epoch, the mean over a result\'s runs (results that '
+                   'evaluated every epoch; the first rows of each leaderboard).</p>']
+    by_dataset: dict[str, list[dict]] = {}
+    for board in boards:
+        by_dataset.setdefault(board["dataset"], []).append(board)
+    for dataset, group in by_dataset.items():
+        rows = [r for board in group for r in board["rows"] if rep.finite(r["seconds"]) is not None]
+        name = rep._text(dataset, 200)
+        if rows:
+            points = [{"recipe": rep._text(r["recipe"], 60), "seconds": rep.finite(r["seconds"]),
+                       "std_seconds": rep.finite(r["std_seconds"]), "accuracy": r["accuracy"],
+                       "std_accuracy": rep.finite(r["std_accuracy"])} for r in rows]
+            out.append(_img("accuracy-vs-time", charts.accuracy_vs_time(
+                f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
+                f"accuracy against time on {name}"))
+        curves = rep._curves(conn, [r for board in group for r in board["rows"][:rep.CURVES_PER_CHART]])
+        if curves:
+            curves_html.append(_img("learning-curves", charts.learning_curves(f"{name}: test accuracy per epoch",
+                                                                              curves), f"learning curves on {name}"))
+    return out + curves_html
+
+
+def _ablations(conn: sqlite3.Connection) -> list[str]:
+    out = ['<h2 id="ablation">Ablations and waterfalls</h2>',
+           '<p class="note">The newest report of each kind per recipe, dataset and device.</p>']
+    for report in rep._newest_reports(conn, ("ablate", "waterfall", "to_target")):
+        kind = report.get("benchmark")
+        prov = escape(rep._provenance(report))
+        if kind == "ablate" and (rows := rep._ablation_rows(report)):
+            title = rep._title(report, "what each trick buys")
+            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
+                    _img("ablation", charts.ablation_bars(title, rows), title),
+                    _table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
+                           [[escape(r["trick"]), escape(r["off"]), _num(rep._ci(r)), _num(rep._p(r["p"])),
+                             _num("-" if r["ratio"] is None else f"{r['ratio']:.3f}"), escape(r["what"])]
+                            for r in rows])]
+        elif kind == "waterfall" and (rows := rep._waterfall_rows(report)):
+            title = rep._title(report, "tricks added one at a time")
+            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
+                    _img("waterfall", charts.waterfall(title, rows), title),
+                    _table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
+                           [[escape(r["label"]), _num(rep._pm(r["accuracy"], r["std"], 100)), _num(rep._ci(r)),
+                             _num(rep._p(r["p"])), _num(rep._pm(r["seconds"], None))] for r in rows])]
+        elif kind == "to_target" and (rows := rep._target_rows(report)):
+            title = rep._title(report, "epochs to the target")
+            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
+                    _img("to-target", charts.epochs_bars(title, rows), title),
+                    _table(["variant", "epochs", "reached", "timed s there", "probes"],
+                           [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), "yes" if r["reached"] else "no",
+                             _num(rep._pm(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
+    return out if len(out) > 2 else out[:1] + ['<p class="note">No ablation is stored yet (`speedrun ablate`).</p>']
+
+
+def _reports(conn: sqlite3.Connection) -> list[str]:
+    rows = [[_num(str(id_)), escape(rep._text(kind, 40)), escape(rep._text(date, 20)[:16].replace("T", " ")),
+             f"<code>{escape(rep._text(command, 1000))}</code>"]
+            for id_, kind, date, command in conn.execute(
+                "SELECT id, kind, created_utc, command FROM reports ORDER BY created_utc DESC, id DESC LIMIT 200")]
+    return ['<h2 id="reports">Stored benchmark reports</h2>',
+            _table(["id", "kind", "date", "command"], rows) if rows else '<p class="note">None yet.</p>']
+
+
+def page(conn: sqlite3.Connection) -> str:
+    boards = rep.leaderboards(conn)
+    results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = [f"<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
+            f'{results} stored result(s) and {reports} report(s). Nothing on this page loads from the network.</p>',
+            '<p><a href="#leaderboard">leaderboards</a> · <a href="#accuracy-time">accuracy against time</a> · '
+            '<a href="#curves">learning curves</a> · <a href="#ablation">ablations</a> · '
+            '<a href="#reports">reports</a></p>']
+    body += _leaderboards(conn, boards) if boards else ['<h2 id="leaderboard">Leaderboards</h2>',
+                                                         '<p class="note">No result is stored yet.</p>']
+    body += _charts_per_dataset(conn, boards) + _ablations(conn) + _reports(conn)
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + rep.GENERATOR +
+            f"<title>speedrun results</title><style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) +
+            "\n</body></html>\n")

@@ -1,0 +1,169 @@
+"""`speedrun report`: the HTML page from the database (rendered in headless Chromium), the leaderboard's ranking,
+and the generated Markdown sections of README.md and BENCHMARKS.md."""
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from speedrun import db, report
+from speedrun.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = REPO / "benchmarks" / "results" / "issue7" / "cpu-cifar10jpeg-epochs1-1proc.json"
+TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
+        "--set", "widths=8,16,16", "--set", "whiten_images=64"]
+HOSTILE = "<script>alert(1)</script>$x$ \\mathrm{"
+
+
+def make_result(i: int, accuracy: float, seconds: float, **changes) -> dict:
+    """A real result file's dict with its means replaced (every run set to the mean: a zero spread)."""
+    result = json.loads(TEMPLATE.read_text())
+    result["command"] = f"speedrun train --seed {i}"
+    result["environment"]["timestamp_utc"] = f"2026-11-{1 + i:02d}T12:00:00+00:00"
+    result.update(mean_accuracy=accuracy, std_accuracy=0.0, train_seconds={"mean": seconds, "std": 0.0})
+    for run in result["runs"]:
+        run.update(accuracy=accuracy, train_seconds=seconds)
+    result.update(changes)
+    return result
+
+
+@pytest.fixture(scope="module")
+def filled_db(tmp_path_factory):
+    """A database with five ranked results, a smoke test, a bench setting, a hostile name, and a real (tiny)
+    ablation and waterfall."""
+    tmp = tmp_path_factory.mktemp("report")
+    path = tmp / "r.db"
+    conn = db.connect(path)
+    target = 0.94
+    for i, (acc, secs) in enumerate([(0.95, 9.0), (0.945, 3.0), (0.93, 1.0), (0.939, 2.0), (0.96, 5.0)]):
+        db.insert_result(conn, make_result(i, acc, secs))
+    db.insert_result(conn, make_result(5, 0.99, 0.5, smoke_test=True))
+    db.insert_result(conn, make_result(6, 0.99, 0.5, command="speedrun bench x  # setting lookahead=false"))
+    db.insert_result(conn, make_result(7, 0.5, 4.0, recipe=HOSTILE, command=f"speedrun train {HOSTILE}</code>"))
+    conn.close()
+    for extra in ([], ["--waterfall", "whiten_init,lookahead"]):
+        assert main(["ablate", *TINY, "--runs", "2", *extra, "--db", str(path),
+                     "--json", str(tmp / f"a{len(extra)}.json")]) == 0
+    assert target == json.loads(TEMPLATE.read_text())["config"]["target_accuracy"]
+    return path
+
+
+def test_the_leaderboard_ranks_reached_results_by_time_then_the_rest_by_accuracy(filled_db):
+    conn = db.connect(filled_db)
+    boards = report.leaderboards(conn)
+    (board,) = [b for b in boards if b["target"] == 0.94 and b["dataset"] == "../shared/datasets/cifar10-jpeg"]
+    ranked = [(r["accuracy"], r["seconds"]) for r in board["rows"] if r["recipe"] == "cifar10-94"]
+    # reached (>= 94%) fastest first, then the others most accurate first; smoke test and bench setting left out
+    assert ranked == [(0.945, 3.0), (0.96, 5.0), (0.95, 9.0), (0.939, 2.0), (0.93, 1.0)]
+    assert all(not r["command"].endswith("lookahead=false") for b in boards for r in b["rows"])
+
+
+def test_the_page_is_self_contained_escaped_and_holds_every_chart(filled_db, tmp_path):
+    out = tmp_path / "report.html"
+    assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "<script" not in text and "&lt;script&gt;" in text  # the hostile name is text, not markup
+    assert "</code><" not in text.split("&lt;/code&gt;")[0][-20:]
+    srcs = [part.split('"', 1)[0] for part in text.split(' src="')[1:]]
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)  # nothing from the network
+    assert "http://" not in text and "https://" not in text
+    kinds = [part.split('"', 1)[0] for part in text.split('data-chart="')[1:]]
+    assert {"accuracy-vs-time", "learning-curves", "ablation", "waterfall"} <= set(kinds)
+    for section in ("leaderboard", "accuracy-time", "curves", "ablation", "reports"):
+        assert f'id="{section}"' in text
+    # --out replaces an earlier report, never another file
+    assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
+    other = tmp_path / "notes.html"
+    other.write_text("my notes")
+    assert main(["report", "--db", str(filled_db), "--out", str(other)]) == 2
+    assert other.read_text() == "my notes"
+
+
+def _chromium() -> str:
+    found = os.environ.get("SPEEDRUN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None and os.environ.get("SPEEDRUN_NO_BROWSER") == "1":
+        pytest.skip("SPEEDRUN_NO_BROWSER=1: the browser check was turned off by hand")
+    assert found, ("this test renders the report in headless Chromium: apt install chromium (.ci/run does), "
+                   "set SPEEDRUN_CHROMIUM=PATH, or SPEEDRUN_NO_BROWSER=1 to skip it knowingly")
+    return found
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
+    out = tmp_path / "report.html"
+    assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
+    shot = tmp_path / "report.png"
+    requests = []
+    # The flags the machine's notes give for a closed network (no background fetches, no component updates).
+    args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"]
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=args)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(out.as_uri())
+        charts = page.evaluate("Array.from(document.images).map(i => ({kind: i.dataset.chart, done: i.complete, "
+                               "w: i.naturalWidth, h: i.naturalHeight, shown: i.getBoundingClientRect().width}))")
+        board_rows = page.locator("#leaderboard ~ table").first.locator("tbody tr").count()
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert {c["kind"] for c in charts} >= {"accuracy-vs-time", "learning-curves", "ablation", "waterfall"}
+    assert all(c["done"] and c["w"] > 300 and c["h"] > 100 and c["shown"] > 300 for c in charts), charts
+    assert board_rows >= 5
+    assert all(url.startswith(("file:", "data:")) for url in requests), requests
+    width, height = _png_size(shot.read_bytes())
+    # the full page: every chart's height fits in the screenshot
+    assert width == 1280 and height > sum(c["h"] * c["shown"] / c["w"] for c in charts)
+
+
+def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_db, tmp_path, capsys):
+    readme, bench = tmp_path / "README.md", tmp_path / "BENCHMARKS.md"
+    readme.write_text("# x\n\nbefore\n<!-- speedrun report: records -->\nold table\n"
+                      "<!-- /speedrun report: records -->\nafter ü\n")
+    bench.write_text("head\n<!-- speedrun report: ablation -->\n<!-- /speedrun report: ablation -->\ntail\n")
+    assert main(["report", "--db", str(filled_db), "--readme", str(readme), "--benchmarks", str(bench)]) == 0
+    assert not (tmp_path / "speedrun-report.html").exists()  # no --out: only the Markdown files
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n<!-- speedrun report: records -->\n| dataset |")
+    assert text.endswith("<!-- /speedrun report: records -->\nafter ü\n") and "old table" not in text
+    assert "| 94% | cifar10-94 |" in text and "`speedrun train --seed 1`" in text
+    table = bench.read_text()
+    assert "#### Ablation:" in table and "#### Waterfall:" in table and "| + lookahead |" in table
+    assert table.startswith("head\n") and table.endswith("tail\n")
+    once = table
+    assert main(["report", "--db", str(filled_db), "--benchmarks", str(bench)]) == 0
+    assert bench.read_text() == once  # the same data, the same text
+    bench.write_text("no markers here\n")
+    capsys.readouterr()
+    assert main(["report", "--db", str(filled_db), "--benchmarks", str(bench)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "<!-- speedrun report: ablation -->" in err
+    assert bench.read_text() == "no markers here\n"
+
+
+def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    assert main(["report", "--db", str(tmp_path / "missing.db"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "no results database" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
+    conn = db.connect(tmp_path / "empty.db")
+    conn.close()
+    (tmp_path / "dir.html").mkdir()
+    assert main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "dir.html")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "e.html")]) == 0
+    assert "No result is stored yet" in (tmp_path / "e.html").read_text()
+    db.insert_result(db.connect(tmp_path / "empty.db"), make_result(1, 0.9, 1.0))
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.figure", None)  # as if not installed
+    capsys.readouterr()
+    assert main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "m.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'speedrun[report]'" in err
