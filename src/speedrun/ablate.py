@@ -7,7 +7,10 @@ recipe (cutout in cifar10-94, compile on a CPU) is listed as such, not measured.
 `--waterfall ORDER` tells the cumulative story instead, as Page's "How to train your ResNet" posts and the airbench
 paper do: start from a plain baseline with every trick in ORDER off, then switch them on one at a time in that
 order; each row shows what its trick bought over the row before (95% CI, p) and the time it changed. The last
-row is the recipe itself. Not yet here (issue 8): the --to-target epoch search.
+row is the recipe itself.
+
+`--to-target` asks how long each variant (the baseline and each trick off alone, as above) needs to train to reach
+the recipe's target accuracy: a bounded search over epochs per variant, all variants in lockstep (to_target.py).
 
 "Already off" is judged on the device that runs: `precision=auto` is fp32 on a CPU, so switching bf16 off there
 would train the baseline again under another name (three wasted runs per row on this machine's CPU).
@@ -29,6 +32,22 @@ def effective(key: str, value, device):
     return value
 
 
+def off_text(off) -> str:
+    """A TRICKS "off" value as --set and --vary take it (False -> "false")."""
+    return str(off).lower() if isinstance(off, bool) else str(off)
+
+
+Trick = tuple[str, object, str]  # (config key, its "off" value, what it is): a family's TRICKS entry
+
+
+def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:
+    """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`."""
+    def is_off(key: str, off) -> bool:
+        return effective(key, getattr(base, key), dev) == effective(key, off, dev)
+
+    return [t for t in tricks if not is_off(t[0], t[1])], [t for t in tricks if is_off(t[0], t[1])]
+
+
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution."""
     from speedrun import bench as benching, runs as runner
@@ -38,15 +57,10 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     family = rec.module()
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
     dev = resolve_device(bench_kwargs.get("device", "auto"))
-
-    def is_off(key, off):
-        return effective(key, getattr(base, key), dev) == effective(key, off, dev)
-
-    measured = [(key, off, what) for key, off, what in family.TRICKS if not is_off(key, off)]
-    already_off = [{"trick": key, "off": off, "what": what, "measured": False} for key, off, what in family.TRICKS
-                   if is_off(key, off)]
-    report = benching.bench(recipe, vary=[(key, [str(off).lower() if isinstance(off, bool) else str(off)])
-                                          for key, off, _ in measured], runs=runs, **bench_kwargs)
+    measured, off = split_tricks(family.TRICKS, base, dev)
+    already_off = [{"trick": key, "off": value, "what": what, "measured": False} for key, value, what in off]
+    report = benching.bench(recipe, vary=[(key, [off_text(value)]) for key, value, _ in measured], runs=runs,
+                            **bench_kwargs)
     report["benchmark"] = "ablate"
     by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
     rows = []
@@ -80,10 +94,11 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
                          f"{', '.join(unknown) or ', '.join(order)}; registered: {', '.join(offs)}")
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
     dev = resolve_device(bench_kwargs.get("device", "auto"))
-    already = [key for key in order if effective(key, getattr(base, key), dev) == effective(key, offs[key], dev)]
+    _, off_in_base = split_tricks([t for t in family.TRICKS if t[0] in order], base, dev)
+    already = [key for key in order if key in {t[0] for t in off_in_base}]
     if already:
         raise ValueError(f"{', '.join(already)} is already off in {recipe} on {dev.type}: leave it out of --waterfall")
-    text = {key: str(off).lower() if isinstance(off, bool) else str(off) for key, off in offs.items()}
+    text = {key: off_text(off) for key, off in offs.items()}
     steps, off = [], {key: text[key] for key in order}
     steps.append(("plain (all off)", dict(off)))
     for key in order:
@@ -149,6 +164,14 @@ def ablate_command(args, argv: list[str]) -> int:
     from speedrun.bench import run_and_store
     from speedrun.config import parse_set_args
 
+    if args.to_target and args.waterfall is not None:
+        raise ValueError("--to-target and --waterfall are two different questions: ask one per command")
+    if args.max_probes is not None and not args.to_target:
+        raise ValueError("--max-probes bounds the --to-target search: add --to-target")
+    if args.to_target:
+        from speedrun.to_target import to_target_command
+
+        return to_target_command(args, argv)
     overrides = parse_set_args(args.overrides)
     order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
 

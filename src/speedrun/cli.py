@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the baseline's config overrides (repeatable)")
     a.add_argument("--waterfall", default=None, metavar="ORDER",
                    help="tricks (comma-separated) added one at a time to a plain start, cumulatively")
+    a.add_argument("--to-target", action="store_true",
+                   help="the epochs (and time) each variant needs to reach the target (target_accuracy), by a "
+                        "bounded search")
+    a.add_argument("--max-probes", type=int, default=None, metavar="K",
+                   help="--to-target: epoch values tried per variant, 2 to 20 (default 5)")
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")

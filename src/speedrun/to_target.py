@@ -1,0 +1,280 @@
+"""`speedrun ablate RECIPE --to-target`: how many epochs (and seconds) does each variant need to reach the target?
+
+The variants are the ones `speedrun ablate` measures: the recipe itself (baseline) and each registered trick that
+is on in it, switched off alone. A variant reaches the target at E epochs when the mean test accuracy of its n runs
+(seeds S..S+n-1), each trained for E epochs with the whole schedule compressed to fit as --epochs does, is at least
+the config's target_accuracy (lower it with --set target_accuracy=0.5). A probe with a diverged run is a miss.
+
+The search is bounded (at most --max-probes probes per variant) and moves on the grid of whole optimizer steps:
+--epochs E trains ceil(E * N / batch) steps (data/loader.py), so two epoch values with one step count would train
+the same thing twice. It starts at the recipe's epochs E0; reached there, it halves until a probe misses or the
+floor (E0 / 16, one step at least) is reached; missed there, it doubles until one reaches or the ceiling (4 * E0)
+misses; then it bisects the bracket with the probes left, stopping when the bracket is one step wide. The answer is
+the smallest probed epochs that reached, with the mean timed seconds there, and the largest that missed below it.
+
+All variants advance in lockstep, as bench's settings do: each round trains every still-searching variant's next
+probe, seed by seed in variant order (A B C A B C ...), so drift on a shared machine falls on all of them alike;
+the order is recorded, and an untimed warm-up of each variant comes first. Every probe is stored as a result of
+its own and the search as a report (bench.run_and_store); Ctrl-C keeps the finished runs as a partial report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Generator
+from typing import Any
+
+DEFAULT_PROBES = 5
+# Two: the start and one step away from it. Twenty: more would bisect the 64x range [E0 / 16, 4 * E0] below a step.
+MIN_PROBES, MAX_PROBES = 2, 20
+FLOOR_DIVISOR, CEILING_FACTOR = 16, 4  # the search stays within [E0 / 16, 4 * E0]
+
+
+def bounds(start: int, most: int) -> tuple[int, int]:
+    """(floor, ceiling) in steps for a search starting at `start` steps; `most`: the largest count allowed."""
+    return max(1, math.ceil(start / FLOOR_DIVISOR)), max(start, min(CEILING_FACTOR * start, most))
+
+
+def probe_plan(start: int, floor: int, ceiling: int, max_probes: int) -> Generator[int, bool, None]:
+    """The search as a generator of step counts: each value is the next probe; `send(reached)` answers it.
+
+    A probe lies strictly between the largest count that missed and the smallest that reached, so no count is
+    probed twice, and the answers stay consistent with an accuracy that grows with training."""
+    assert 1 <= floor <= start <= ceiling and max_probes >= 1, (floor, start, ceiling, max_probes)
+    reached_at: int | None = None  # the smallest count that reached
+    missed_at: int | None = None  # the largest count that missed
+    steps = start
+    for used in range(1, max_probes + 1):
+        if (yield steps):
+            reached_at = steps
+        else:
+            missed_at = steps
+        if used == max_probes:
+            return
+        if missed_at is None:  # every probe reached: shorter
+            if reached_at <= floor:
+                return
+            steps = max(floor, reached_at // 2)
+        elif reached_at is None:  # every probe missed: longer
+            if missed_at >= ceiling:
+                return
+            steps = min(ceiling, 2 * missed_at)
+        elif reached_at - missed_at > 1:
+            steps = (missed_at + reached_at) // 2
+        else:  # the bracket is one step wide: the answer is exact
+            return
+
+
+def search(measure: Callable[[int], tuple[bool, Any]], start: int, floor: int, ceiling: int,
+           max_probes: int) -> list[tuple[int, bool, Any]]:
+    """One variant's search with `measure(steps) -> (reached, info)`: the probes in order, (steps, reached, info).
+    (The command drives probe_plan itself, to advance every variant's search in lockstep.)"""
+    plan, probes = probe_plan(start, floor, ceiling, max_probes), []
+    steps = next(plan)
+    while True:
+        reached, info = measure(steps)
+        probes.append((steps, reached, info))
+        try:
+            steps = plan.send(reached)
+        except StopIteration:
+            return probes
+
+
+def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, dataset: str | None = None,
+              device: str = "auto", seed: int = 0, epochs: float | None = None, data_dir=None,
+              overrides: dict[str, Any] | None = None, log=print) -> dict:
+    """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
+    from speedrun import runs as runner
+    from speedrun.ablate import off_text, split_tricks
+    from speedrun.data.loader import steps_for
+    from speedrun.engine import Diverged, RunResult, resolve_device
+    from speedrun.results import environment
+
+    rec = runner.get_recipe(recipe)
+    family = rec.module()
+    runs = runner._check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    seed = runner._check_int("seed", "--seed", seed, 0, 2**62)
+    max_probes = runner._check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    overrides = dict(overrides or {})
+    base = runner.make_config(rec, epochs, overrides)
+    dev = resolve_device(device)
+    measured, already_off = split_tricks(family.TRICKS, base, dev)
+    variants = [("baseline", {})] + [(f"{key}={off_text(off)}", {key: off_text(off)}) for key, off, _ in measured]
+    configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
+    dataset = rec.default_dataset if dataset is None else dataset
+    data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
+    for cfg in configs.values():
+        family.check(cfg, data, dev, runner.dist.World())
+    n_train = len(data.train_labels)
+
+    def at_steps(cfg, steps: int):
+        """cfg trained for exactly `steps` steps: the recipe's own config at its own count, else the schedule
+        compressed to steps * batch / N epochs, which the shared loader's rule (steps_for) maps back to `steps`."""
+        if steps == steps_for(cfg.epochs, n_train, cfg.batch_size):
+            return cfg
+        probe = family.with_epochs(cfg, steps * cfg.batch_size / n_train)
+        probe.validate()
+        assert steps_for(probe.epochs, n_train, probe.batch_size) == steps, (steps, probe.epochs)
+        return probe
+
+    state: dict[str, dict] = {}
+    for name, _ in variants:
+        cfg = configs[name]
+        start = steps_for(cfg.epochs, n_train, cfg.batch_size)
+        floor, ceiling = bounds(start, int(runner.MAX_EPOCHS * n_train // cfg.batch_size))
+        plan = probe_plan(start, floor, ceiling, max_probes)
+        state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}
+    warmups = {name: family.warmup(configs[name], data, dev) for name, _ in variants}
+    order: list[dict] = []
+    interrupt = None
+    try:
+        for rnd in range(max_probes):
+            active = [name for name, _ in variants if state[name]["next"] is not None]
+            if not active:
+                break
+            for name in active:
+                steps = state[name]["next"]
+                state[name]["probes"].append({"steps": steps, "cfg": at_steps(configs[name], steps), "runs": []})
+            for r in range(runs):
+                for name in active:
+                    probe = state[name]["probes"][-1]
+                    cfg = probe["cfg"]
+                    log(f"round {rnd + 1}: {name}, {cfg.epochs:.4g} epochs ({probe['steps']} steps), seed {seed + r}")
+                    try:
+                        run = family.train_run(cfg, data, dev, seed + r)
+                    except Diverged as e:
+                        log(f"warning: {name}, {cfg.epochs:.4g} epochs, seed {seed + r}: {e}")
+                        run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs,
+                                        steps=e.step, diverged=e.to_dict())
+                    run.model = None
+                    probe["runs"].append(run)
+                    order.append({"round": rnd, "variant": name, "epochs": cfg.epochs, "steps": probe["steps"],
+                                  "seed": seed + r})
+            for name in active:
+                s = state[name]
+                try:
+                    s["next"] = s["plan"].send(_reached(s["probes"][-1]["runs"], configs[name].target_accuracy))
+                except StopIteration:
+                    s["next"] = None
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
+        if not order:
+            raise
+        interrupt = e
+    env = environment(dev)
+    results: list[dict] = []
+    rows = []
+    for name, changes in variants:
+        s, probes = state[name], []
+        for p in (p for p in s["probes"] if p["runs"]):
+            cfg, complete = p["cfg"], len(p["runs"]) == runs
+            results.append(runner.Result(
+                recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=p["runs"],
+                environment=env, runs_requested=runs, complete=complete, interrupted=interrupt is not None,
+                timed_region=family.timed_region(cfg),
+                command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
+            probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
+        rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
+    return {"benchmark": "to_target", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
+            "seed": seed, "max_probes": max_probes, "target_accuracy": base.target_accuracy,
+            "complete": interrupt is None, "interrupted": interrupt is not None,
+            "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
+            "order": order, "variants": rows,
+            "already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
+            "timed_region": family.timed_region(base), "environment": env, "results": results}
+
+
+def _reached(runs: list, target: float) -> bool:
+    """The mean accuracy of a probe's runs is at least the target, and none of them diverged."""
+    done = [r.accuracy for r in runs if r.diverged is None]
+    return len(done) == len(runs) > 0 and sum(done) / len(done) >= target
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _probe_row(probe: dict, target: float | None, result: int) -> dict:
+    """One probe for the report; target None: its runs were cut short (reached is then None: not answered)."""
+    done = [r for r in probe["runs"] if r.diverged is None]
+    return {"epochs": probe["cfg"].epochs, "steps": probe["steps"], "seeds": [r.seed for r in probe["runs"]],
+            "accuracies": [r.accuracy for r in probe["runs"]], "seconds": [r.train_seconds for r in probe["runs"]],
+            "mean_accuracy": _mean([r.accuracy for r in done]), "mean_seconds": _mean([r.train_seconds for r in done]),
+            "diverged": len(probe["runs"]) - len(done),
+            "reached": None if target is None else _reached(probe["runs"], target), "result": result}
+
+
+def _variant_row(name: str, changes: dict, s: dict, probes: list[dict], warmup: float, n_train: int, cfg) -> dict:
+    hit = [p for p in probes if p["reached"]]
+    miss = [p for p in probes if p["reached"] is False]
+    best = min(hit, key=lambda p: p["steps"]) if hit else None
+    below = max((p for p in miss if best is None or p["steps"] < best["steps"]), key=lambda p: p["steps"],
+                default=None)
+    accuracies = [p["mean_accuracy"] for p in probes if p["mean_accuracy"] is not None]
+    return {"name": name, "overrides": changes,
+            "epochs_needed": best and best["epochs"], "steps_needed": best and best["steps"],
+            "seconds_needed": best and best["mean_seconds"],
+            # the bracket's lower end: the answer lies in (missed_epochs, epochs_needed]
+            "missed_epochs": below and below["epochs"], "missed_steps": below and below["steps"],
+            "exact": best is not None and (best["steps"] == s["floor"] if below is None
+                                           else best["steps"] - below["steps"] == 1),
+            "best_accuracy": max(accuracies) if accuracies else None,
+            "searched_up_to_epochs": max((p["epochs"] for p in probes), default=None),
+            "start_epochs": cfg.epochs, "floor_epochs": s["floor"] * cfg.batch_size / n_train,
+            "ceiling_epochs": s["ceiling"] * cfg.batch_size / n_train, "search_complete": s["next"] is None,
+            "warmup_seconds": warmup, "diverged": sum(p["diverged"] for p in probes), "probes": probes}
+
+
+def _lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
+             f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
+             f"{report['max_probes']} probes per variant, variants in lockstep",
+             f"{'variant':28} {'epochs needed':>13} {'timed s':>9} {'vs baseline':>11} {'probes':>6}  search"]
+    base = report["variants"][0]["epochs_needed"] if report["variants"] else None
+    for v in report["variants"]:
+        needed = v["epochs_needed"]
+        ratio = ("-" if v["name"] == "baseline" else "n/a" if needed is None or base is None
+                 else f"{needed / base:.3f}")
+        if needed is None:
+            best = "n/a" if v["best_accuracy"] is None else f"{v['best_accuracy'] * 100:.2f}%"
+            up_to = "n/a" if v["searched_up_to_epochs"] is None else f"{v['searched_up_to_epochs']:.4g}"
+            what = f"not reached at <= {up_to} epochs (best {best})"
+        elif v["missed_epochs"] is not None:
+            what = f"in ({v['missed_epochs']:.4g}, {needed:.4g}] epochs" + (
+                ": one step wide" if v["exact"] else "; more --max-probes narrow it")
+        else:
+            what = ("reached at every probe, down to the floor (E0 / 16)" if v["exact"] else
+                    "reached at every probe; more --max-probes go shorter")
+        if not v["search_complete"]:
+            what += "; interrupted"
+        secs = "n/a" if v["seconds_needed"] is None else f"{v['seconds_needed']:.2f}"
+        shown = "n/a" if needed is None else f"{needed:.4g}"
+        lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")
+    for off in report["already_off"]:
+        lines.append(f"{off['trick'] + '=' + str(off['off']):28} already off in the recipe: not searched")
+    return lines
+
+
+def to_target_command(args, argv: list[str]) -> int:
+    from speedrun import runs as runner
+    from speedrun.bench import run_and_store
+    from speedrun.config import parse_set_args
+
+    overrides = parse_set_args(args.overrides)
+    max_probes = DEFAULT_PROBES if args.max_probes is None else args.max_probes
+    # checked before run_and_store opens the database and claims the report file
+    runner._check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    report, path, stored = run_and_store(args, argv, "to-target", lambda log: to_target(
+        args.recipe, runs=args.runs, max_probes=max_probes,
+        dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,
+        overrides=overrides, log=log))
+    print("\n".join(_lines(report)))
+    print(f"report: {path} (stored as #{stored}); order: "
+          + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
+          + (" ..." if len(report["order"]) > 12 else ""), file=sys.stderr)
+    bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
+    for name, count in bad:
+        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss",
+              file=sys.stderr)
+    return 3 if bad else 0
