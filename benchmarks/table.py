@@ -17,6 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from speedrun.report import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
 from speedrun.results import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -71,22 +72,6 @@ def tables(paths: list[Path]) -> dict[str, str]:
     return out
 
 
-def markers(kind: str) -> tuple[str, str]:
-    return f"<!-- {kind}:begin -->", f"<!-- {kind}:end -->"
-
-
-def replace_sections(doc: str, sections: dict[str, str], name: str) -> str:
-    """`doc` with each kind's marked section replaced; a kind without its markers is a ValueError."""
-    for kind, text in sections.items():
-        begin, end = markers(kind)
-        if begin not in doc or end not in doc:
-            raise ValueError(f"{name} has no {begin} ... {end} markers; add them where the {kind} table goes")
-        head, rest = doc.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        doc = f"{head}{begin}\n{text}\n{end}{tail}"
-    return doc
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
@@ -97,11 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.write is None:
             print("\n\n".join(sections.values()))
             return 0
-        doc = replace_sections(args.write.read_text(), sections, str(args.write))
+        rewrite_marked(args.write, sections)  # atomically, once every section is rendered and placed
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"table: error: {exc}", file=sys.stderr)
         return 2
-    args.write.write_text(doc)  # only once every section has been rendered and placed
     return 0
 
 

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
 from speedrun import db, report
 from speedrun.cli import main
+
+docs_report = load_benchmark("docs_report")
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "benchmarks" / "results" / "issue7" / "cpu-cifar10jpeg-epochs1-1proc.json"
@@ -98,43 +101,29 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
-    out = tmp_path / "report.html"
+    pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
+    out, shot = tmp_path / "report.html", tmp_path / "report.png"
     assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
-    shot = tmp_path / "report.png"
-    requests = []
-    # The flags the machine's notes give for a closed network (no background fetches, no component updates).
-    args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"]
-    with playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=_chromium(), args=args)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("request", lambda r: requests.append(r.url))
-        page.goto(out.as_uri())
-        charts = page.evaluate("Array.from(document.images).map(i => ({kind: i.dataset.chart, done: i.complete, "
-                               "w: i.naturalWidth, h: i.naturalHeight, shown: i.getBoundingClientRect().width}))")
-        board_rows = page.locator("#leaderboard ~ table").first.locator("tbody tr").count()
-        page.screenshot(path=str(shot), full_page=True)
-        browser.close()
+    seen = docs_report.screenshot(out, shot, _chromium())
+    charts = seen["charts"]
     assert {c["kind"] for c in charts} >= {"accuracy-vs-time", "learning-curves", "ablation", "waterfall"}
     assert all(c["done"] and c["w"] > 300 and c["h"] > 100 and c["shown"] > 300 for c in charts), charts
-    assert board_rows >= 5
-    assert all(url.startswith(("file:", "data:")) for url in requests), requests
+    assert seen["leaderboard_rows"] >= 5
+    assert seen["requests"] and all(url.startswith(("file:", "data:")) for url in seen["requests"])
     width, height = _png_size(shot.read_bytes())
-    # the full page: every chart's height fits in the screenshot
+    # the whole page: every chart, at its shown size, fits in the screenshot's height
     assert width == 1280 and height > sum(c["h"] * c["shown"] / c["w"] for c in charts)
 
 
 def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_db, tmp_path, capsys):
     readme, bench = tmp_path / "README.md", tmp_path / "BENCHMARKS.md"
-    readme.write_text("# x\n\nbefore\n<!-- speedrun report: records -->\nold table\n"
-                      "<!-- /speedrun report: records -->\nafter ü\n")
-    bench.write_text("head\n<!-- speedrun report: ablation -->\n<!-- /speedrun report: ablation -->\ntail\n")
+    readme.write_text("# x\n\nbefore\n<!-- records:begin -->\nold table\n<!-- records:end -->\nafter ü\n")
+    bench.write_text("head\n<!-- ablation:begin -->\n<!-- ablation:end -->\ntail\n")
     assert main(["report", "--db", str(filled_db), "--readme", str(readme), "--benchmarks", str(bench)]) == 0
     assert not (tmp_path / "speedrun-report.html").exists()  # no --out: only the Markdown files
     text = readme.read_text()
-    assert text.startswith("# x\n\nbefore\n<!-- speedrun report: records -->\n| dataset |")
-    assert text.endswith("<!-- /speedrun report: records -->\nafter ü\n") and "old table" not in text
+    assert text.startswith("# x\n\nbefore\n<!-- records:begin -->\n| dataset |")
+    assert text.endswith("<!-- records:end -->\nafter ü\n") and "old table" not in text
     assert "| 94% | cifar10-94 |" in text and "`speedrun train --seed 1`" in text
     table = bench.read_text()
     assert "#### Ablation:" in table and "#### Waterfall:" in table and "| + lookahead |" in table
@@ -146,7 +135,7 @@ def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_d
     capsys.readouterr()
     assert main(["report", "--db", str(filled_db), "--benchmarks", str(bench)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "<!-- speedrun report: ablation -->" in err
+    assert err.count("\n") == 1 and "<!-- ablation:begin -->" in err
     assert bench.read_text() == "no markers here\n"
 
 

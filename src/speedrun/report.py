@@ -3,8 +3,9 @@
 The page (no script, no network at view time: every chart is a PNG inside the file) holds a leaderboard per
 dataset and target accuracy, accuracy against time per recipe, per-epoch learning curves, the newest ablation
 bars, waterfall and --to-target charts per recipe, dataset and device, and every stored benchmark report.
-`--readme FILE` and `--benchmarks FILE` rewrite the text between speedrun's marker lines in those files (the
-README's records table; BENCHMARKS.md's ablation and waterfall tables), so no number there is typed by hand.
+`--readme FILE` and `--benchmarks FILE` rewrite the text between the marker lines `<!-- records:begin -->` ...
+`<!-- records:end -->` (the README's records table) and `<!-- ablation:begin -->` ... (BENCHMARKS.md's ablation
+and waterfall tables), the convention of benchmarks/table.py, so no number there is typed by hand.
 
 What the leaderboard ranks: `speedrun train` results (imported files included) that are not smoke tests and have
 at least one finished run; the runs of a bench or ablation (commands ending "# setting ...") live in their reports.
@@ -251,24 +252,35 @@ def readme_lines(conn: sqlite3.Connection, per_board: int = 3) -> list[str]:
                         "the full leaderboard, charts and fingerprints are in the HTML report."]
 
 
-def replace_section(path: str | Path, name: str, lines: list[str]) -> None:
-    """Rewrite the lines between `<!-- speedrun report: NAME -->` and `<!-- /speedrun report: NAME -->` in path;
-    the rest of the file is kept byte for byte (written atomically)."""
+def markers(name: str) -> tuple[str, str]:
+    """The lines that bound a generated section of a Markdown file (benchmarks/table.py uses the same)."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def replace_marked(doc: str, sections: dict[str, str], where: str) -> str:
+    """`doc` with the text between each section's markers replaced; the rest kept byte for byte. Markers
+    missing, repeated or out of order are a ValueError naming the lines to add."""
+    for name, text in sections.items():
+        begin, end = markers(name)
+        if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
+            raise ValueError(f"{where} needs one line {begin} and, after it, one line {end}; the generated "
+                             f"{name} text goes between them")
+        head, rest = doc.split(begin, 1)
+        doc = head + begin + "\n" + text.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
+    return doc
+
+
+def rewrite_marked(path: str | Path, sections: dict[str, str]) -> None:
+    """replace_marked on a file, written atomically only once every section is placed."""
     from speedrun.results import write_text
 
-    start, end = f"<!-- speedrun report: {name} -->", f"<!-- /speedrun report: {name} -->"
-    path = Path(path)
+    path, where = Path(path), printable(str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        doc = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {printable(str(path))} ({getattr(e, 'strerror', None) or e}); give the "
-                         "Markdown file to update") from None
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"{printable(str(path))} needs one line {start} and, after it, one line {end}; the "
-                         "generated text goes between them")
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    write_text(path, head + start + "\n" + "\n".join(lines).rstrip("\n") + "\n" + end + tail)
+        raise ValueError(f"cannot read {where} ({getattr(e, 'strerror', None) or e}); give the Markdown file "
+                         "to update") from None
+    write_text(path, replace_marked(doc, sections, where))
 
 
 def _check_out(path: Path) -> None:
@@ -301,10 +313,10 @@ def report_command(args) -> int:
         _check_out(out)
     with contextlib.closing(db.connect(path)) as conn:
         if args.readme:
-            replace_section(args.readme, "records", readme_lines(conn))
+            rewrite_marked(args.readme, {"records": "\n".join(readme_lines(conn))})
             print(f"rewrote the records table in {printable(str(args.readme))}", file=sys.stderr)
         if args.benchmarks:
-            replace_section(args.benchmarks, "ablation", benchmarks_lines(conn))
+            rewrite_marked(args.benchmarks, {"ablation": "\n".join(benchmarks_lines(conn))})
             print(f"rewrote the ablation tables in {printable(str(args.benchmarks))}", file=sys.stderr)
         if out is not None:
             text = report_html.page(conn)
