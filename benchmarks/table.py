@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from speedrun.report import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
+from speedrun.report_md import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
 from speedrun.results import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"

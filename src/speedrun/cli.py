@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
         where = (f"{kept} finished run(s) kept in {path}" if kept and path else
-                 f"{kept} finished run(s), no result file asked for" if kept else "no run had finished")
+                 f"{kept} finished run(s), no result file asked for" if kept else
+                 "nothing was written" if args.command in ("report", "results", "compare") else "no run had finished")
         if getattr(exc, "checkpoint_dir", None) is not None:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
         if prog != "speedrun":  # rank 0 reports the interrupt for the job

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -106,7 +107,10 @@ def _transaction(conn: sqlite3.Connection):
     try:
         conn.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as e:  # another process held the lock over BUSY_TIMEOUT_S, or a read-only file
-        raise ValueError(f"cannot write to the results database ({e}); try again, or {_FIX}") from None
+        if "locked" in str(e):
+            raise ValueError(f"the results database stayed locked by another writer for {BUSY_TIMEOUT_S:.0f} s; "
+                             "try again when it has finished") from None
+        raise ValueError(f"cannot write to the results database ({e}); {_FIX}") from None
     try:
         yield
         conn.execute("COMMIT")
@@ -115,17 +119,48 @@ def _transaction(conn: sqlite3.Connection):
             conn.execute("ROLLBACK")
 
 
-def connect(path: str | os.PathLike | None = None) -> sqlite3.Connection:
-    """The results database at `path` (default_db_path()), created if new, migrated; in autocommit mode."""
+def _shape(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """{table: its column names} of a database (speedrun's tables only)."""
+    return {table: [row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+            for table in ("results", "runs", "reports")
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()}
+
+
+@functools.cache
+def _expected_shape(version: int) -> dict[str, list[str]]:
+    """The tables and columns a speedrun database of `version` has: MIGRATIONS[:version] run on an empty one."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        conn.create_function("speedrun_sha256", 1, lambda text: None)
+        for script in MIGRATIONS[:version]:
+            conn.executescript(script)
+        return _shape(conn)
+
+
+def _text(data: bytes) -> str:
+    """TEXT read from a database that may hold anything: bytes that are not UTF-8 become U+FFFD, not an error."""
+    return data.decode("utf-8", "replace")
+
+
+def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) -> sqlite3.Connection:
+    """The results database at `path` (default_db_path()), created if new, migrated; in autocommit mode.
+
+    readonly: an existing database of the current version, opened for reading only (speedrun report): nothing is
+    created, migrated or switched to WAL, so a read-only file or one another user owns can be read."""
     path = default_db_path() if path is None else Path(path).expanduser()
     name = printable(str(path))
     if path.is_dir():
         raise ValueError(f"results database {name} is a directory; {_FIX}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        if readonly:
+            conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     except (OSError, sqlite3.Error) as e:
-        raise ValueError(f"cannot create results database {name} ({getattr(e, 'strerror', 0) or e}); {_FIX}") from None
+        verb = "open" if readonly else "create"
+        raise ValueError(f"cannot {verb} results database {name} ({getattr(e, 'strerror', 0) or e}); {_FIX}") from None
+    conn.text_factory = _text
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         # Whose file is it? Read-only questions first: a file speedrun refuses must leave exactly as it came (even
@@ -137,15 +172,23 @@ def connect(path: str | os.PathLike | None = None) -> sqlite3.Connection:
         if version > VERSION:
             raise ValueError(f"results database {name} has schema version {version}, from a newer speedrun or "
                              f"another program (this one reads up to {VERSION}); upgrade speedrun, or {_FIX}")
-        if (version == 0 and tables) or (version > 0 and "results" not in tables):
-            raise ValueError(f"{name} is another program's SQLite database, not speedrun's results; {_FIX}")
+        if version < 0 or (version == 0 and tables) or (version > 0 and _shape(conn) != _expected_shape(version)):
+            raise ValueError(f"{name} is another program's SQLite database (or a damaged one), not speedrun's "
+                             f"results; {_FIX}")
+        if readonly:
+            if version == 0:
+                raise ValueError(f"{name} is an empty file, not a results database; {_FIX}")
+            if version != VERSION:
+                raise ValueError(f"results database {name} has schema version {version}; a writing command "
+                                 f"migrates it to {VERSION} (e.g. speedrun results --db {name}), then run this again")
+            return conn
         conn.create_function("speedrun_sha256", 1, lambda text: _sha256(json.loads(text)), deterministic=True)
         conn.execute("PRAGMA journal_mode = WAL")  # readers and the writer do not block each other
         conn.execute("PRAGMA foreign_keys = ON")
         while (version := conn.execute("PRAGMA user_version").fetchone()[0]) != VERSION:
-            if version > VERSION:
-                raise ValueError(f"results database {name} has schema version {version}, from a newer speedrun "
-                                 f"(this one reads up to {VERSION}); upgrade speedrun, or {_FIX}")
+            if not 0 <= version <= VERSION:
+                raise ValueError(f"results database {name} changed to schema version {version} meanwhile, which this "
+                                 f"speedrun does not read (it reads 0 to {VERSION}); {_FIX}")
             with _transaction(conn):
                 if conn.execute("PRAGMA user_version").fetchone()[0] != version:
                     continue  # another process migrated it while this one waited for the lock

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import stat
 import sys
 from pathlib import Path
 
@@ -27,13 +28,23 @@ from speedrun.errors import printable
 from speedrun.report_charts import finite
 
 GENERATOR = '<meta name="generator" content="speedrun report">'
-ROWS_PER_BOARD, CURVES_PER_CHART = 25, 8
+# Bounds, so that a database holding anything draws a page of bounded size in bounded time and memory.
+ROWS_PER_BOARD, CURVES_PER_CHART, POINTS_PER_CHART = 25, 8, 300
+MAX_BOARDS, MAX_REPORTS, MAX_ITEMS = 30, 20, 60  # leaderboards; reports shown; rows of one report's table
+MAX_HISTORY_CHARS, MAX_EPOCHS = 2_000_000, 1000  # one run's stored history; points on one curve
+MAX_REPORT_CHARS = 64 * 2**20  # results.MAX_RESULT_BYTES: what `results import` takes
 _NO_TARGET = "no target"
-_LEADERBOARD_SQL = """SELECT id, created_utc, recipe, dataset, device, device_name, n, mean_accuracy, std_accuracy,
+
+
+def _json_at(path: str) -> str:  # json_extract raises on text that is not JSON: ask json_valid first
+    return f"CASE WHEN json_valid(json) THEN json_extract(json, '{path}') END"
+
+
+_LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset, device, device_name, n, mean_accuracy, std_accuracy,
     mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version, world_processes,
-    coalesce(json_extract(json, '$.config.target_accuracy'), json_extract(json, '$.target_accuracy')),
-    json_extract(json, '$.environment.gpu_driver'), json_extract(json, '$.environment.torch_cuda')
-    FROM results WHERE n > 0 AND mean_accuracy IS NOT NULL AND NOT coalesce(json_extract(json, '$.smoke_test'), 0)
+    coalesce({_json_at('$.config.target_accuracy')}, {_json_at('$.target_accuracy')}),
+    {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')}
+    FROM results WHERE mean_accuracy IS NOT NULL AND NOT coalesce({_json_at('$.smoke_test')}, 0)
     AND instr(coalesce(command, ''), '  # setting ') = 0"""
 _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accuracy", "std_accuracy", "seconds",
          "std_seconds", "hit_rate", "cost", "command", "commit", "dirty", "torch", "processes", "target", "driver",
@@ -46,24 +57,51 @@ def _text(value, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _within(value, low: float, high: float) -> float | None:
+    """A stored number if it is finite and in [low, high], else None (shown as "-", never trusted)."""
+    value = finite(value)
+    return value if value is not None and low <= value <= high else None
+
+
+def _items(value, limit: int = MAX_ITEMS) -> list[dict]:
+    """The dicts of a stored list (anything else: none), at most `limit` of them."""
+    return [item for item in value[:limit] if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _clean(values) -> dict | None:
+    """A leaderboard row with every value checked: None for a row that cannot be ranked (no plausible accuracy or
+    run count); an implausible optional number becomes None."""
+    row = dict(zip(_KEYS, values))
+    n = row["n"]
+    accuracy = _within(row["accuracy"], 0.0, 1.0)
+    if accuracy is None or isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10**6:
+        return None
+    row.update(accuracy=accuracy, std_accuracy=_within(row["std_accuracy"], 0.0, 1.0),
+               seconds=_within(row["seconds"], 1e-9, 1e9), std_seconds=_within(row["std_seconds"], 0.0, 1e9),
+               hit_rate=_within(row["hit_rate"], 0.0, 1.0), cost=_within(row["cost"], 0.0, 1e9),
+               target=_within(row["target"], 1e-9, 1.0), date=_text(row["date"], 40),
+               processes=_within(row["processes"], 1, 10**6), dirty=row["dirty"] in (1, True))
+    return row
+
+
 def leaderboards(conn: sqlite3.Connection) -> list[dict]:
-    """[{"dataset", "target", "rows": ranked}] per dataset and target accuracy, datasets in name order."""
+    """[{"dataset", "target", "rows": ranked}] per dataset and target accuracy, datasets in name order; at most
+    MAX_BOARDS of them (the "more" key of the last counts the rest)."""
     groups: dict[tuple, list[dict]] = {}
     for values in conn.execute(_LEADERBOARD_SQL):
-        row = dict(zip(_KEYS, values))
-        target = finite(row["target"])
-        row["target"] = target if target is not None and 0 < target <= 1 else None
-        if finite(row["accuracy"]) is None:
-            continue
-        groups.setdefault((str(row["dataset"]), row["target"]), []).append(row)
+        row = _clean(values)
+        if row is not None:
+            groups.setdefault((_text(row["dataset"], 300), row["target"]), []).append(row)
     boards = []
     for (dataset, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         def rank(r):
             reached = target is not None and r["accuracy"] >= target
-            seconds = finite(r["seconds"])
-            return (not reached, (seconds if seconds is not None else float("inf")) if reached else -r["accuracy"],
-                    r["id"])
+            seconds = r["seconds"] if r["seconds"] is not None else float("inf")
+            return not reached, seconds if reached else -r["accuracy"], r["id"]
         boards.append({"dataset": dataset, "target": target, "rows": sorted(rows, key=rank)})
+    if len(boards) > MAX_BOARDS:
+        boards = boards[:MAX_BOARDS]
+        boards[-1]["more"] = len(groups) - MAX_BOARDS
     return boards
 
 
@@ -79,22 +117,22 @@ def _pm(value, std, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def _hits(row: dict) -> str:
-    hit = finite(row["hit_rate"])
-    return "-" if hit is None else f"{round(hit * row['n'])}/{row['n']}"
+    return "-" if row["hit_rate"] is None else f"{round(row['hit_rate'] * row['n'])}/{row['n']}"
 
 
 def _fingerprint(row: dict) -> str:
     commit = "-" if not isinstance(row["commit"], str) else row["commit"][:10] + ("+dirty" if row["dirty"] else "")
     return " · ".join(_text(part, 60) for part in (
         f"commit {commit}", f"torch {row['torch'] or '-'}", f"CUDA {row['cuda'] or '-'}",
-        f"driver {row['driver'] or '-'}", f"{row['processes'] or 1} process(es)"))
+        f"driver {row['driver'] or '-'}", f"{int(row['processes'] or 1)} process(es)"))
 
 
 def _newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dict]:
-    """The newest stored report of each kind per (recipe, dataset, device), as dicts with "_id" and "_date"."""
-    seen, out = set(), []
+    """The newest complete report of each kind per (recipe, dataset, device), or, where none is complete, the
+    newest partial one; dicts with "_id", "_date" and "_partial"; at most MAX_REPORTS."""
+    chosen: dict[tuple, dict] = {}
     sql = (f"SELECT id, created_utc, json FROM reports WHERE kind IN ({', '.join('?' * len(kinds))}) "
-           "ORDER BY created_utc DESC, id DESC")
+           f"AND length(json) <= {MAX_REPORT_CHARS} ORDER BY created_utc DESC, id DESC")
     for id_, date, text in conn.execute(sql, kinds):
         try:
             report = json.loads(text)
@@ -103,24 +141,26 @@ def _newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[di
         if not isinstance(report, dict):
             continue
         key = tuple(_text(report.get(k), 200) for k in ("benchmark", "recipe", "dataset", "device"))
-        if key not in seen:
-            seen.add(key)
-            out.append({**report, "_id": id_, "_date": _text(date, 40)})
-    return out
+        partial = report.get("complete") is not True or report.get("interrupted") is True
+        if key not in chosen or (chosen[key]["_partial"] and not partial):
+            chosen[key] = {**report, "_id": id_, "_date": _text(date, 40), "_partial": partial}
+    return list(chosen.values())[:MAX_REPORTS]
 
 
 def _curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:
     """Per result: the mean test accuracy after each epoch over its finished runs (epochs that every run has)."""
     curves = []
-    for row in rows:
+    for row in rows[:CURVES_PER_CHART]:
         runs = []
         for (text,) in conn.execute("SELECT history FROM runs WHERE result_id = ? AND NOT diverged AND history IS "
-                                    "NOT NULL ORDER BY run_index", (row["id"],)):
+                                    f"NOT NULL AND length(history) <= {MAX_HISTORY_CHARS} ORDER BY run_index LIMIT 100",
+                                    (row["id"],)):
             try:
                 history = json.loads(text)
-            except (ValueError, RecursionError):
+            except (ValueError, RecursionError, TypeError):
                 continue
-            points = [(finite(h.get("epoch")), finite(h.get("val_acc"))) for h in history if isinstance(h, dict)]
+            points = [(finite(h.get("epoch")), _within(h.get("val_acc"), 0.0, 1.0))
+                      for h in _items(history, MAX_EPOCHS)]
             points = [(e, a) for e, a in points if e is not None and a is not None]
             if points:
                 runs.append(points)
@@ -128,53 +168,66 @@ def _curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:
         if length:
             device = _text(row["device_name"] or row["device"], 30)
             curves.append({"label": f"#{row['id']} {_text(row['recipe'], 40)}, {device}, n={len(runs)}, "
-                                    f"{_text(row['date'], 10)[:10]}",
+                                    f"{row['date'][:10]}",
                            "epochs": [e for e, _ in runs[0][:length]],
                            "accuracy": [sum(points[i][1] for points in runs) / len(runs) for i in range(length)]})
-    return curves[:CURVES_PER_CHART]
+    return curves
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _interval(value, ci) -> tuple:
+    """(value, low, high) as checked numbers: low <= value <= high, all within ±1 (accuracy differences), or the
+    interval dropped (None, None) when it is not one."""
+    value = _within(value, -1.0, 1.0)
+    low, high = (_within(ci[0], -1.0, 1.0), _within(ci[1], -1.0, 1.0)) if isinstance(ci, list) and len(ci) == 2 \
+        else (None, None)
+    if value is None or low is None or high is None or not low <= value <= high:
+        return value, None, None
+    return value, low, high
 
 
 def _ablation_rows(report: dict) -> list[dict]:
     rows = []
-    for r in report.get("tricks") or []:
-        ci = r.get("gain_ci95") if isinstance(r, dict) else None
-        if not isinstance(r, dict) or not r.get("measured") or not isinstance(ci, list) or len(ci) != 2:
-            continue
-        gain, low, high = finite(r.get("gain_accuracy")), finite(ci[0]), finite(ci[1])
-        if None not in (gain, low, high):
+    for r in _items(report.get("tricks")):
+        gain, low, high = _interval(r.get("gain_accuracy"), r.get("gain_ci95"))
+        if r.get("measured") is True and gain is not None:
             rows.append({"trick": _text(r.get("trick"), 60), "off": _text(r.get("off"), 30), "gain": gain,
-                         "low": low, "high": high, "p": finite(r.get("p")), "ratio": finite(r.get("time_ratio_off")),
-                         "what": _text(r.get("what"), 120)})
+                         "low": low, "high": high, "p": _within(r.get("p"), 0.0, 1.0),
+                         "ratio": _within(r.get("time_ratio_off"), 0.0, 1e6), "what": _text(r.get("what"), 120)})
     return rows
 
 
 def _waterfall_rows(report: dict) -> list[dict]:
     rows = []
-    for r in report.get("waterfall") or []:
-        acc = r.get("accuracy") if isinstance(r, dict) else None
-        if not isinstance(acc, dict) or finite(acc.get("mean")) is None:
+    for r in _items(report.get("waterfall")):
+        acc = _dict(r.get("accuracy"))
+        if _within(acc.get("mean"), 0.0, 1.0) is None:
             continue
-        bought = r.get("bought") if isinstance(r.get("bought"), dict) else {}
-        d = bought.get("accuracy") if isinstance(bought.get("accuracy"), dict) else {}
-        ci = d.get("ci95") if isinstance(d.get("ci95"), list) and len(d["ci95"]) == 2 else [None, None]
-        secs = r.get("train_seconds") if isinstance(r.get("train_seconds"), dict) else {}
-        rows.append({"label": _text(r.get("step"), 60), "accuracy": finite(acc["mean"]), "std": finite(acc.get("std")),
-                     "gain": finite(d.get("diff")), "low": finite(ci[0]), "high": finite(ci[1]),
-                     "p": finite(d.get("p")), "seconds": finite(secs.get("mean"))})
+        d = _dict(_dict(r.get("bought")).get("accuracy"))
+        gain, low, high = _interval(d.get("diff"), d.get("ci95"))
+        rows.append({"label": _text(r.get("step"), 60), "accuracy": _within(acc["mean"], 0.0, 1.0),
+                     "std": _within(acc.get("std"), 0.0, 1.0), "gain": gain, "low": low, "high": high,
+                     "p": _within(d.get("p"), 0.0, 1.0),
+                     "seconds": _within(_dict(r.get("train_seconds")).get("mean"), 0.0, 1e9)})
     return rows
 
 
 def _target_rows(report: dict) -> list[dict]:
+    """Per variant: the epochs it needed ("reached"), or the most it was tried at: "not reached" when its search
+    ended there, "unfinished" when the search was cut short (an interrupted command)."""
     rows = []
-    for v in report.get("variants") or []:
-        if not isinstance(v, dict):
-            continue
-        probes = [p for p in v.get("probes") or [] if isinstance(p, dict) and finite(p.get("epochs")) is not None]
-        needed = finite(v.get("epochs_needed"))
-        epochs = needed if needed is not None else max((finite(p["epochs"]) for p in probes), default=None)
+    for v in _items(report.get("variants")):
+        probes = [p for p in _items(v.get("probes")) if _within(p.get("epochs"), 0.0, 1e6) is not None]
+        needed = _within(v.get("epochs_needed"), 0.0, 1e6)
+        epochs = needed if needed is not None else max((p["epochs"] for p in probes), default=None)
         if epochs is not None:
-            rows.append({"name": _text(v.get("name"), 60), "epochs": epochs, "reached": needed is not None,
-                         "seconds": finite(v.get("seconds_needed")), "probes": len(probes)})
+            status = ("reached" if needed is not None else
+                      "not reached" if v.get("search_complete") is True else "unfinished")
+            rows.append({"name": _text(v.get("name"), 60), "epochs": epochs, "status": status,
+                         "seconds": _within(v.get("seconds_needed"), 0.0, 1e9), "probes": len(probes)})
     return rows
 
 
@@ -184,8 +237,9 @@ def _title(report: dict, what: str) -> str:
 
 
 def _provenance(report: dict) -> str:
-    return (f"report #{report['_id']} of {report['_date'][:10]}, {_text(report.get('runs'), 10)} run(s) per row: "
-            f"`{_text(report.get('command'), 600)}`")
+    partial = " (partial: the command was interrupted)" if report["_partial"] else ""
+    return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {_text(report.get('runs'), 10)} run(s) "
+            f"per row: `{_text(report.get('command'), 600)}`")
 
 
 def _ci(row: dict, scale: float = 100) -> str:
@@ -198,129 +252,71 @@ def _p(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|").replace("`", "'")
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(cell if cell.startswith("`") and cell.endswith("`") else _md(cell) for cell in row) + " |"
-        for row in rows]
-
-
-def _code(text: str) -> str:
-    return f"`{_md(text)}`"
-
-
-def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
-    """BENCHMARKS.md's generated section: the newest ablation and waterfall tables per recipe, dataset, device."""
-    lines = []
-    for report in _newest_reports(conn, ("ablate", "waterfall")):
-        env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
-        where = f"{_text(env.get('device_name') or report.get('device'), 60)}, torch {_text(env.get('torch'), 30)}"
-        if report.get("benchmark") == "ablate":
-            rows = _ablation_rows(report)
-            lines += [f"#### Ablation: {_title(report, 'each trick off alone')}", "",
-                      f"{where}; {_provenance(report)}. Gain = baseline − trick off, in accuracy points.", ""]
-            lines += _md_table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
-                               [[r["trick"], r["off"], _ci(r), _p(r["p"]), "-" if r["ratio"] is None
-                                 else f"{r['ratio']:.3f}", r["what"]] for r in rows])
-        else:
-            rows = _waterfall_rows(report)
-            lines += [f"#### Waterfall: {_title(report, 'tricks added one at a time')}", "",
-                      f"{where}; {_provenance(report)}.", ""]
-            lines += _md_table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
-                               [[r["label"], _pm(r["accuracy"], r["std"], 100), _ci(r), _p(r["p"]),
-                                 _pm(r["seconds"], None)] for r in rows])
-        lines.append("")
-    return lines or ["No ablation or waterfall report is stored yet (`speedrun ablate`)."]
-
-
-def readme_lines(conn: sqlite3.Connection, per_board: int = 3) -> list[str]:
-    """The README's records table: the first `per_board` rows of each leaderboard."""
-    rows = [(board, r) for board in leaderboards(conn) for r in board["rows"][:per_board]]
-    if not rows:
-        return ["No result is stored yet."]
-    table = _md_table(["dataset", "target", "recipe", "device", "test acc %", "timed s", "n", "reached", "date",
-                       "command"],
-                      [[_text(b["dataset"], 80), _NO_TARGET if b["target"] is None else f"{100 * b['target']:g}%",
-                        _text(r["recipe"], 40), _text(r["device_name"] or r["device"], 40),
-                        _pm(r["accuracy"], r["std_accuracy"], 100), _pm(r["seconds"], r["std_seconds"]), str(r["n"]),
-                        "yes" if _reached(r) else "no", _text(r["date"], 10)[:10], _code(_text(r["command"], 300))]
-                       for b, r in rows])
-    return table + ["", f"Generated by `speedrun report --readme` from the results database ({len(rows)} row(s)); "
-                        "the full leaderboard, charts and fingerprints are in the HTML report."]
-
-
-def markers(name: str) -> tuple[str, str]:
-    """The lines that bound a generated section of a Markdown file (benchmarks/table.py uses the same)."""
-    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-
-
-def replace_marked(doc: str, sections: dict[str, str], where: str) -> str:
-    """`doc` with the text between each section's markers replaced; the rest kept byte for byte. Markers
-    missing, repeated or out of order are a ValueError naming the lines to add."""
-    for name, text in sections.items():
-        begin, end = markers(name)
-        if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
-            raise ValueError(f"{where} needs one line {begin} and, after it, one line {end}; the generated "
-                             f"{name} text goes between them")
-        head, rest = doc.split(begin, 1)
-        doc = head + begin + "\n" + text.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
-    return doc
-
-
-def rewrite_marked(path: str | Path, sections: dict[str, str]) -> None:
-    """replace_marked on a file, written atomically only once every section is placed."""
-    from speedrun.results import write_text
-
-    path, where = Path(path), printable(str(path))
+def _check_out(text: str | None, default: str) -> Path:
+    """The file --out names (a symlink followed): new, or an earlier report (the first KB carries GENERATOR);
+    never another file."""
+    if text == "":
+        raise ValueError("--out needs a file name, e.g. --out report.html")
+    where = printable(text or default)
+    path = Path(os.path.realpath(text or default))
     try:
-        doc = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {where} ({getattr(e, 'strerror', None) or e}); give the Markdown file "
-                         "to update") from None
-    write_text(path, replace_marked(doc, sections, where))
-
-
-def _check_out(path: Path) -> None:
-    """--out may replace an earlier report, never another file (the first KB must carry GENERATOR)."""
+        info = os.stat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as e:
+        raise ValueError(f"cannot check --out {where} ({e.strerror}); give another file") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"--out {where} is a directory; give a file name such as report.html")
     try:
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(0, "not a regular file")
         with open(path, "rb") as f:
             head = f.read(1024)
-    except FileNotFoundError:
-        return
-    except IsADirectoryError:
-        raise ValueError(f"--out {printable(str(path))} is a directory; give a file name such as report.html") from None
     except OSError as e:
-        raise ValueError(f"cannot check --out {printable(str(path))} ({e.strerror}); give another file") from None
+        raise ValueError(f"--out {where} exists and cannot be checked ({e.strerror}); give another file") from None
     if GENERATOR.encode() not in head:
-        raise ValueError(f"--out {printable(str(path))} exists and is not a speedrun report; give another file "
-                         "name (an earlier report is replaced, nothing else is)")
+        raise ValueError(f"--out {where} exists and is not a speedrun report; give another file name (an earlier "
+                         "report is replaced, nothing else is)")
+    return path
 
 
 def report_command(args) -> int:
-    """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`."""
-    from speedrun import db, report_html
+    """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`: everything is read and
+    checked first, then written; a database that holds anything draws a bounded page, never a traceback."""
+    import warnings
+
+    import numpy as np
+
+    from speedrun import db, report_html, report_md as md
     from speedrun.results import write_text
 
     path = db.default_db_path() if args.db is None else Path(args.db)
     if not os.path.exists(path):  # connect would create an empty database: say what is missing instead
         raise ValueError(f"no results database at {printable(str(path))}; train something first "
                          "(speedrun train) or give one with --db PATH")
-    out = None if args.out is None and (args.readme or args.benchmarks) else Path(args.out or "speedrun-report.html")
-    if out is not None:
-        _check_out(out)
-    with contextlib.closing(db.connect(path)) as conn:
-        if args.readme:
-            rewrite_marked(args.readme, {"records": "\n".join(readme_lines(conn))})
-            print(f"rewrote the records table in {printable(str(args.readme))}", file=sys.stderr)
-        if args.benchmarks:
-            rewrite_marked(args.benchmarks, {"ablation": "\n".join(benchmarks_lines(conn))})
-            print(f"rewrote the ablation tables in {printable(str(args.benchmarks))}", file=sys.stderr)
-        if out is not None:
-            text = report_html.page(conn)
-            _check_out(out)  # again: drawing takes seconds, and a file may have appeared meanwhile
-            write_text(out, text)
-            print(f"report: {printable(str(out))} ({len(text.encode()) // 1024} KB)", file=sys.stderr)
+    page = args.out is not None or (args.readme is None and args.benchmarks is None)
+    out = _check_out(args.out, "speedrun-report.html") if page else None
+    writes = []
+    with contextlib.closing(db.connect(path, readonly=True)) as conn:
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):  # a library's note on odd data is not ours
+                warnings.simplefilter("ignore")
+                if args.readme is not None:
+                    writes.append(md.prepare_marked(args.readme, {"records": "\n".join(md.readme_lines(conn))},
+                                                    "--readme"))
+                if args.benchmarks is not None:
+                    writes.append(md.prepare_marked(args.benchmarks,
+                                                    {"ablation": "\n".join(md.benchmarks_lines(conn))},
+                                                    "--benchmarks"))
+                html = report_html.page(conn) if page else None
+        except sqlite3.Error as e:  # a damaged file, or tables changed by hand
+            raise ValueError(f"cannot read the results database {printable(str(path))} ({e}); it is damaged or "
+                             f"was changed by another program; give another with --db PATH") from None
+    for target, text, mode in writes:
+        write_text(target, text, mode)
+        print(f"rewrote the generated section of {printable(str(target))}", file=sys.stderr)
+    if html is not None:
+        _check_out(args.out, "speedrun-report.html")  # again: drawing takes seconds; a file may have appeared
+        write_text(out, html)
+        print(f"report: {printable(str(out))} ({len(html.encode()) // 1024} KB)", file=sys.stderr)
     return 0

@@ -79,12 +79,14 @@ def learning_curves(title: str, curves: list[dict]) -> bytes:
 
 def ablation_bars(title: str, rows: list[dict]) -> bytes:
     """What each trick buys: baseline minus trick-off, in accuracy points, with its 95% interval; dark bars have
-    p < 0.05. rows: trick, gain, low, high (fractions), p."""
+    p < 0.05. rows: trick, gain, low, high (fractions; low <= gain <= high, or both None), p."""
     fig = _figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]  # the first row (largest gain) on top
     gains = [100 * r["gain"] for r in rows]
-    err = [[100 * (r["gain"] - r["low"]) for r in rows], [100 * (r["high"] - r["gain"]) for r in rows]]
+    # a row without an interval (report.py drops one that does not hold its value) gets no error bar
+    err = [[100 * (r["gain"] - r["low"]) if r["low"] is not None else 0.0 for r in rows],
+           [100 * (r["high"] - r["gain"]) if r["high"] is not None else 0.0 for r in rows]]
     colors = ["#1f77b4" if r["p"] is not None and r["p"] < 0.05 else "#aec7e8" for r in rows]
     ax.barh(y, gains, xerr=err, color=colors, capsize=3)
     ax.set_yticks(y, [_label(r["trick"]) for r in rows], fontsize=8)
@@ -121,18 +123,18 @@ def waterfall(title: str, steps: list[dict]) -> bytes:
 
 
 def epochs_bars(title: str, rows: list[dict]) -> bytes:
-    """--to-target: the epochs each variant needed to reach the target; grey bars did not reach it by their
-    ceiling (drawn at the highest epochs probed). rows: name, epochs, reached (bool)."""
+    """--to-target: the epochs each variant needed to reach the target (blue); grey bars did not reach it at the
+    most epochs tried, white ones are searches cut short. rows: name, epochs, status."""
     fig = _figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]
-    ax.barh(y, [r["epochs"] for r in rows], color=["#1f77b4" if r["reached"] else "#dddddd" for r in rows],
-            hatch=None, edgecolor="#333")
+    colors = {"reached": "#1f77b4", "not reached": "#bbbbbb", "unfinished": "#ffffff"}
+    ax.barh(y, [r["epochs"] for r in rows], color=[colors[r["status"]] for r in rows], edgecolor="#333")
     for yi, r in zip(y, rows):
-        ax.text(r["epochs"], yi, f" {r['epochs']:.3g}" + ("" if r["reached"] else " (not reached)"),
+        ax.text(r["epochs"], yi, f" {r['epochs']:.3g}" + ("" if r["status"] == "reached" else f" ({r['status']})"),
                 va="center", fontsize=7)
     ax.set_yticks(y, [_label(r["name"]) for r in rows], fontsize=8)
-    ax.set_xlabel("epochs to the target (grey: not reached at the search's ceiling)")
+    ax.set_xlabel("epochs to the target (grey: not reached at the most epochs tried; white: search cut short)")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     return _png(fig)

@@ -49,17 +49,20 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
         out.append(f"<h3>{escape(rep._text(board['dataset'], 200))} · {escape(target)}</h3>")
         cells = []
         for i, r in enumerate(rows):
-            cost = rep.finite(r["cost"])
+            cost = r["cost"]
             cells.append([_num(str(i + 1)), escape(rep._text(r["recipe"], 60)),
                           escape(rep._text(r["device_name"] or r["device"], 60)),
                           _num(rep._pm(r["accuracy"], r["std_accuracy"], 100)), _num(rep._pm(r["seconds"], r["std_seconds"])),
                           _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep._hits(r)),
-                          escape(rep._text(r["date"], 20)[:10]), f"<code>{escape(rep._text(r['command'], 1000))}</code>",
+                          escape(r["date"][:10]), f"<code>{escape(rep._text(r['command'], 1000))}</code>",
                           f'<span class="fp">{escape(rep._fingerprint(r))}</span>'])
         out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "hit", "date",
                            "command", "fingerprint"], cells, ["reached" if rep._reached(r) else "" for r in rows]))
         if len(board["rows"]) > len(rows):
             out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
+        if board.get("more"):
+            out.append(f'<p class="note">{board["more"]} more leaderboard(s) not shown (`speedrun results` lists '
+                       'every result).</p>')
     return out
 
 
@@ -72,12 +75,11 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
     for board in boards:
         by_dataset.setdefault(board["dataset"], []).append(board)
     for dataset, group in by_dataset.items():
-        rows = [r for board in group for r in board["rows"] if rep.finite(r["seconds"]) is not None]
+        rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
         name = rep._text(dataset, 200)
         if rows:
-            points = [{"recipe": rep._text(r["recipe"], 60), "seconds": rep.finite(r["seconds"]),
-                       "std_seconds": rep.finite(r["std_seconds"]), "accuracy": r["accuracy"],
-                       "std_accuracy": rep.finite(r["std_accuracy"])} for r in rows]
+            points = [{"recipe": rep._text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
+                       "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]} for r in rows]
             out.append(_img("accuracy-vs-time", charts.accuracy_vs_time(
                 f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
                 f"accuracy against time on {name}"))
@@ -113,8 +115,8 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
             title = rep._title(report, "epochs to the target")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     _img("to-target", charts.epochs_bars(title, rows), title),
-                    _table(["variant", "epochs", "reached", "timed s there", "probes"],
-                           [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), "yes" if r["reached"] else "no",
+                    _table(["variant", "epochs", "to the target", "timed s there", "probes"],
+                           [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), r["status"],
                              _num(rep._pm(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
     return out if len(out) > 2 else out[:1] + ['<p class="note">No ablation is stored yet (`speedrun ablate`).</p>']
 
@@ -132,7 +134,7 @@ def page(conn: sqlite3.Connection) -> str:
     boards = rep.leaderboards(conn)
     results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = [f"<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
+    body = ["<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
             f'{results} stored result(s) and {reports} report(s). Nothing on this page loads from the network.</p>',
             '<p><a href="#leaderboard">leaderboards</a> · <a href="#accuracy-time">accuracy against time</a> · '
             '<a href="#curves">learning curves</a> · <a href="#ablation">ablations</a> · '

@@ -167,9 +167,19 @@ def write_json(path: str | Path, obj) -> Path:
     return write_text(path, text + "\n")
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    """Write text (UTF-8) at path atomically, as write_json does (its docstring says why each step)."""
+def write_text(path: str | Path, text: str, mode: int = 0o644) -> Path:
+    """Write text (UTF-8) at path atomically, as write_json does (its docstring says why each step); `mode`: the
+    file's permissions. An error names `path`, never the temporary file."""
     path = Path(path)
+    try:
+        return _write_atomically(path, text, mode)
+    except OSError as e:
+        if e.strerror is None or e.filename is None or e.filename == str(path):
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None  # it named the temporary file
+
+
+def _write_atomically(path: Path, text: str, mode: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A short temporary name: the result's own name may be near the file system's 255-character limit.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speedrun-result-", suffix=".tmp")
@@ -178,7 +188,7 @@ def write_text(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared and read by other users
+        os.chmod(tmp, mode)  # mkstemp creates 0600; results are meant to be shared and read by other users
         os.replace(tmp, path)
     except BaseException:  # KeyboardInterrupt too: never leave the temp file behind
         try:

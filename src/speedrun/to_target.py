@@ -227,6 +227,8 @@ def _variant_row(name: str, changes: dict, s: dict, probes: list[dict], warmup: 
 
 
 def _lines(report: dict) -> list[str]:
+    from speedrun.ablate import off_text
+
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
              f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
              f"{report['max_probes']} probes per variant, variants in lockstep",
@@ -244,7 +246,7 @@ def _lines(report: dict) -> list[str]:
             what = f"in ({v['missed_epochs']:.4g}, {needed:.4g}] epochs" + (
                 ": one step wide" if v["exact"] else "; more --max-probes narrow it")
         else:
-            what = ("reached at every probe, down to the floor (E0 / 16)" if v["exact"] else
+            what = ("reached at every probe, down to the search's floor" if v["exact"] else
                     "reached at every probe; more --max-probes go shorter")
         if not v["search_complete"]:
             what += "; interrupted"
@@ -252,7 +254,8 @@ def _lines(report: dict) -> list[str]:
         shown = "n/a" if needed is None else f"{needed:.4g}"
         lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")
     for off in report["already_off"]:
-        lines.append(f"{off['trick'] + '=' + str(off['off']):28} already off in the recipe: not searched")
+        name = f"{off['trick']}={off_text(off['off'])}"
+        lines.append(f"{name:28} already off (recipe, --set or device): not searched")
     return lines
 
 
