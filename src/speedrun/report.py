@@ -76,8 +76,10 @@ def _clean(values) -> dict | None:
     accuracy = _within(row["accuracy"], 0.0, 1.0)
     if accuracy is None or isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10**6:
         return None
-    row.update(accuracy=accuracy, std_accuracy=_within(row["std_accuracy"], 0.0, 1.0),
-               seconds=_within(row["seconds"], 1e-9, 1e9), std_seconds=_within(row["std_seconds"], 0.0, 1e9),
+    spread = n > 1  # one run has no spread (an old result file may say 0.0)
+    row.update(accuracy=accuracy, std_accuracy=_within(row["std_accuracy"], 0.0, 1.0) if spread else None,
+               seconds=_within(row["seconds"], 1e-9, 1e9),
+               std_seconds=_within(row["std_seconds"], 0.0, 1e9) if spread else None,
                hit_rate=_within(row["hit_rate"], 0.0, 1.0), cost=_within(row["cost"], 0.0, 1e9),
                target=_within(row["target"], 1e-9, 1.0), date=_text(row["date"], 40),
                processes=_within(row["processes"], 1, 10**6), dirty=row["dirty"] in (1, True))
