@@ -233,6 +233,17 @@ def _target_rows(report: dict) -> list[dict]:
     return rows
 
 
+def baseline_text(report: dict) -> str:
+    """An ablation's baseline (the recipe itself, its first setting): "43.21 ± 2.95% in 87.5 s", or ""."""
+    first = _items(report.get("settings"), 1)
+    acc, secs = (_dict(first[0].get(k)) if first else {} for k in ("accuracy", "train_seconds"))
+    mean = _within(acc.get("mean"), 0.0, 1.0)
+    if mean is None:
+        return ""
+    return (f"{_pm(mean, _within(acc.get('std'), 0.0, 1.0), 100)}% in "
+            f"{_pm(_within(secs.get('mean'), 0.0, 1e9), None)} s timed")
+
+
 def _title(report: dict, what: str) -> str:
     return (f"{_text(report.get('recipe'), 60)} on {_text(report.get('dataset'), 80)} "
             f"({_text(report.get('device'), 20)}): {what}")

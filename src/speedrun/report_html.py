@@ -98,7 +98,8 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
         prov = escape(rep._provenance(report))
         if kind == "ablate" and (rows := rep._ablation_rows(report)):
             title = rep._title(report, "what each trick buys")
-            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
+            base = escape(rep.baseline_text(report) or "n/a")
+            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}; the baseline (the recipe): {base}</p>',
                     _img("ablation", charts.ablation_bars(title, rows), title),
                     _table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
                            [[escape(r["trick"]), escape(r["off"]), _num(rep._ci(r)), _num(rep._p(r["p"])),
