@@ -144,7 +144,9 @@ def test_import_of_every_stored_result_round_trips_and_is_idempotent(tmp_path, c
     again = db.import_files(conn, files)
     assert [e.id for e in again] == [e.id for e in done] and not any(e.new for e in again)
     reports = [f for f in files if "benchmark" in json.loads(f.read_text())]
-    assert {r["kind"] for r in db.query_reports(conn)} == {"vs_airbench", "ab_commits", "step_time"}
+    kinds = {json.loads(f.read_text())["benchmark"] for f in reports}
+    assert {"vs_airbench", "ab_commits", "step_time", "ablate", "waterfall"} <= kinds
+    assert {r["kind"] for r in db.query_reports(conn)} == kinds
     assert len(db.query_reports(conn)) == len(reports) and len(db.query(conn)) == len(files) - len(reports)
     args = argparse.Namespace(files=[str(f) for f in files[:2]], db=str(tmp_path / "r.db"))
     assert db.import_command(args) == 0
