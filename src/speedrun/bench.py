@@ -55,6 +55,19 @@ def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
     return out
 
 
+def measured_run(family, cfg, data, dev, seed: int, name: str, log) -> RunResult:
+    """One training run of a benchmark: a divergence is a run too (its step, no accuracy), and the model is
+    dropped (a benchmark keeps numbers, not weights)."""
+    try:
+        run = family.train_run(cfg, data, dev, seed)
+    except Diverged as e:
+        log(f"warning: {name}, seed {seed}: {e}")
+        run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
+                        diverged=e.to_dict())
+    run.model = None
+    return run
+
+
 def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
           runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
@@ -93,14 +106,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
         for r in range(runs):
             for name, _, cfg in settings:
                 log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
-                try:
-                    run = family.train_run(cfg, data, dev, seed + r)
-                except Diverged as e:
-                    log(f"warning: {name}, seed {seed + r}: {e}")
-                    run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                    steps=e.step, diverged=e.to_dict())
-                run.model = None
-                results[name].append(run)
+                results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log))
                 order.append({"round": r, "setting": name, "seed": seed + r})
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
         if not order:

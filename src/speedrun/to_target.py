@@ -89,7 +89,8 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     from speedrun import runs as runner
     from speedrun.ablate import off_text, split_tricks
     from speedrun.data.loader import steps_for
-    from speedrun.engine import Diverged, RunResult, resolve_device
+    from speedrun.bench import measured_run
+    from speedrun.engine import resolve_device
     from speedrun.results import environment
 
     rec = runner.get_recipe(recipe)
@@ -142,14 +143,8 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
                     probe = state[name]["probes"][-1]
                     cfg = probe["cfg"]
                     log(f"round {rnd + 1}: {name}, {cfg.epochs:.4g} epochs ({probe['steps']} steps), seed {seed + r}")
-                    try:
-                        run = family.train_run(cfg, data, dev, seed + r)
-                    except Diverged as e:
-                        log(f"warning: {name}, {cfg.epochs:.4g} epochs, seed {seed + r}: {e}")
-                        run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                        steps=e.step, diverged=e.to_dict())
-                    run.model = None
-                    probe["runs"].append(run)
+                    probe["runs"].append(measured_run(family, cfg, data, dev, seed + r,
+                                                      f"{name}, {cfg.epochs:.4g} epochs", log))
                     order.append({"round": rnd, "variant": name, "epochs": cfg.epochs, "steps": probe["steps"],
                                   "seed": seed + r})
             for name in active:
