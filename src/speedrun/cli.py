@@ -170,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default speedrun-report.html; replaces only an earlier report)")
     o.add_argument("--readme", default=None, metavar="FILE",
-                   help="rewrite the records table between the speedrun report markers in FILE (README.md)")
+                   help="rewrite the records table between <!-- records:begin/end --> lines in FILE (README.md)")
     o.add_argument("--benchmarks", default=None, metavar="FILE",
-                   help="rewrite the ablation and waterfall tables between the markers in FILE (BENCHMARKS.md)")
+                   help="rewrite the ablation tables between <!-- ablation:begin/end --> lines in FILE (BENCHMARKS.md)")
     o.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     sub.add_parser("recipes", help="list the recipes")
     return parser
