@@ -22,7 +22,9 @@ from speedrun.results import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
-BENCHMARKS = ("vs_airbench", "step_time", "ab_commits")  # scripts beside this one, each with markdown(report) -> str
+# scripts beside this one, each with markdown(report) -> str
+BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats")
+SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare")  # speedrun's own commands' reports
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
 
@@ -58,6 +60,8 @@ def tables(paths: list[Path]) -> dict[str, str]:
         if result.get("smoke_test"):
             raise ValueError(f"{path}: a smoke test (--smoke) checks the pipeline and is not a result; leave it out")
         kind = result.get("benchmark", TRAIN)
+        if kind in SPEEDRUN_REPORTS:
+            continue  # `speedrun report --benchmarks` renders these from the database
         if kind != TRAIN and kind not in BENCHMARKS:
             raise ValueError(f"{path}: unknown benchmark {kind!r}; this script renders {', '.join(BENCHMARKS)}")
         by_kind.setdefault(kind, []).append(result)

@@ -1,5 +1,7 @@
 """benchmarks/table.py: BENCHMARKS.md rows come from stored result JSONs."""
 
+from pathlib import Path
+
 from conftest import load_benchmark
 from speedrun.cli import main as speedrun_main
 
@@ -91,3 +93,14 @@ def test_smoke_tests_are_refused_and_diverged_runs_are_shown(tmp_path, capsys):
                           "--json", str(diverged)]) == 3
     assert table.main([str(diverged)]) == 0
     assert "| 0 | all 1 run(s) diverged | n/a | n/a | n/a |" in capsys.readouterr().out
+
+
+def test_every_stored_file_renders_and_speedruns_own_reports_are_left_to_it():
+    """The README's command over every file in benchmarks/results: each kind has its table (shard formats
+    included); ablate and waterfall reports are `speedrun report --benchmarks`'s, not this script's."""
+    files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").rglob("*.json"))
+    sections = table.tables(files)
+    assert {"results", "vs_airbench", "step_time", "ab_commits", "shard_formats"} <= set(sections)
+    assert not set(sections) & set(table.SPEEDRUN_REPORTS)
+    rows = [line for line in sections["shard_formats"].splitlines() if line.startswith("| 20")]
+    assert [row.split(" | ")[3] for row in rows] == ["webdataset", "litdata"]
