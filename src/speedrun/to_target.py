@@ -88,8 +88,8 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
     from speedrun import runs as runner
     from speedrun.ablate import off_text, split_tricks
-    from speedrun.data.loader import steps_for
     from speedrun.bench import measured_run
+    from speedrun.data.loader import steps_for
     from speedrun.engine import resolve_device
     from speedrun.results import environment
 
