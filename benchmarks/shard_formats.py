@@ -1,4 +1,5 @@
-"""Which shard format should `speedrun data prepare` write (issue 9)? WebDataset tar shards against LitData chunks.
+"""Which shard format should `speedrun data prepare` write (issue 9)? WebDataset tar shards, LitData chunks, and
+the same tar shards with speedrun's index of byte offsets (data/shards.py).
 
     python benchmarks/shard_formats.py --src ../shared/datasets/imagenet-sample/val --runs 5 \
         --json benchmarks/results/issue9/shard-formats-cpu.json
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import tempfile
 import time
@@ -121,6 +121,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def write_indexed_tar(samples, root: Path) -> Path:
+    """speedrun's own (data/shards.py): the same tar layout as WebDataset's, plus an index of byte offsets."""
+    from speedrun.data.shards import write_split
+
+    root.mkdir(parents=True)
+    write_split(iter(samples), root, "val", shard_bytes=64 * 2**20)
+    return root
+
+
+def read_indexed_tar(root: Path, decode: bool) -> int:
+    from speedrun.data.shards import Shards
+
+    with Shards(root, "val") as shards:
+        for i in range(len(shards)):
+            data = shards.read(i)
+            if decode:
+                Image.open(io.BytesIO(data)).convert("RGB").load()
+        return len(shards)
+
+
+def seek_indexed_tar(root: Path, index: int) -> None:
+    from speedrun.data.shards import Shards
+
+    with Shards(root, "val") as shards:
+        shards.read(index)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", type=Path, required=True)
@@ -135,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = prepared_samples(args.src, args.max_side, args.quality)
     prepare_s = time.perf_counter() - start
     formats = {"webdataset": (write_webdataset, read_webdataset, seek_webdataset),
-               "litdata": (write_litdata, read_litdata, seek_litdata)}
+               "litdata": (write_litdata, read_litdata, seek_litdata),
+               "indexed-tar": (write_indexed_tar, read_indexed_tar, seek_indexed_tar)}
     report = {"benchmark": "shard_formats", "command": " ".join(["python", *sys.argv]),
               "environment": environment("cpu"), "images": len(samples), "max_side": args.max_side,
               "quality": args.quality, "prepare_seconds": prepare_s, "runs": args.runs,

@@ -103,4 +103,4 @@ def test_every_stored_file_renders_and_speedruns_own_reports_are_left_to_it():
     assert {"results", "vs_airbench", "step_time", "ab_commits", "shard_formats"} <= set(sections)
     assert not set(sections) & set(table.SPEEDRUN_REPORTS)
     rows = [line for line in sections["shard_formats"].splitlines() if line.startswith("| 20")]
-    assert [row.split(" | ")[3] for row in rows] == ["webdataset", "litdata"]
+    assert [row.split(" | ")[3] for row in rows] == ["webdataset", "litdata", "indexed-tar"]
