@@ -5,28 +5,24 @@ import json
 import os
 import shutil
 import struct
-from pathlib import Path
 
 import pytest
 
+import test_db
 from conftest import load_benchmark
 from speedrun import db, report
 from speedrun.cli import main
 
 docs_report = load_benchmark("docs_report")
 
-REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "benchmarks" / "results" / "issue7" / "cpu-cifar10jpeg-epochs1-1proc.json"
 TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
         "--set", "widths=8,16,16", "--set", "whiten_images=64"]
 HOSTILE = "<script>alert(1)</script>$x$ \\mathrm{"
 
 
 def make_result(i: int, accuracy: float, seconds: float, **changes) -> dict:
-    """A real result file's dict with its means replaced (every run set to the mean: a zero spread)."""
-    result = json.loads(TEMPLATE.read_text())
-    result["command"] = f"speedrun train --seed {i}"
-    result["environment"]["timestamp_utc"] = f"2026-11-{1 + i:02d}T12:00:00+00:00"
+    """test_db's real result (distinct by `i`) with its means replaced (every run set to the mean: no spread)."""
+    result = test_db.make_result(i)
     result.update(mean_accuracy=accuracy, std_accuracy=0.0, train_seconds={"mean": seconds, "std": 0.0})
     for run in result["runs"]:
         run.update(accuracy=accuracy, train_seconds=seconds)
@@ -52,7 +48,7 @@ def filled_db(tmp_path_factory):
                   ["--to-target", "--max-probes", "2", "--set", "target_accuracy=0.3"]):
         assert main(["ablate", *TINY, "--runs", "2", *extra, "--db", str(path),
                      "--json", str(tmp / f"a{len(extra)}.json")]) in (0, 3)  # 3: a tiny run diverged
-    assert target == json.loads(TEMPLATE.read_text())["config"]["target_accuracy"]
+    assert target == json.loads(test_db.TEMPLATE.read_text())["config"]["target_accuracy"]
     return path
 
 

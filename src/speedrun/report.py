@@ -256,9 +256,11 @@ def _provenance(report: dict) -> str:
 
 
 def _ci(row: dict, scale: float = 100) -> str:
+    from speedrun.bench import interval_text
+
     if row["gain"] is None or row["low"] is None or row["high"] is None:
         return "-"
-    return f"{row['gain'] * scale:+.2f} ({row['low'] * scale:+.2f} .. {row['high'] * scale:+.2f})"
+    return interval_text(row["gain"], [row["low"], row["high"]], scale)
 
 
 def _p(value) -> str:
