@@ -350,6 +350,10 @@ def entry() -> int:
     if code in (130, 143):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
+    if "torch.distributed" in sys.modules:  # under torchrun: the process group's threads must not see teardown
+        from speedrun import dist
+
+        dist.exit_process(code)
     return code
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 # torchrun's environment (torch.distributed.run): which process this is, of how many, on how many machines.
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_joined = [False]  # this process joined a process group (init); exit_process ends it without teardown
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def init(world: World, device: torch.device) -> World:
                 timeout=timeout))
             kwargs.update(store=store, rank=world.rank, world_size=world.size)
         dist.init_process_group(backend, **kwargs)
+        _joined[0] = True
     return World(world.rank, world.size, world.local_rank, world.local_size, backend, world.restarts)
 
 
@@ -115,6 +117,28 @@ def shutdown(world: World, in_step: bool) -> None:
             if in_step:
                 dist.barrier()
             dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End a process that joined a process group with `code`, skipping the interpreter's and the C++ runtime's
+    teardown; returns (does nothing) in a process that never joined one. Call it last, once every file is closed.
+
+    Why: DistributedDataParallel keeps its process group alive past destroy_process_group. Measured with torch
+    2.13 and gloo: after a DDP wrapper is deleted, the group destroyed and gc run, the group's three threads
+    (pt_gloo_runloop x2, gloo_tcp_loop) are still running, while without DDP they are joined. They then run
+    through the interpreter's finalization and the destruction of C++ statics, and now and then one of them aborts
+    the process ("terminate called without an active exception", SIGABRT, after the command had succeeded):
+    18 of 40 two-process runs of a 15-line DDP script under CPU load, 0 of 40 ending with os._exit. The same abort
+    failed 1 in about 30 of the torchrun tests."""
+    if _joined[0]:
+        import sys
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can reach it anyway
+                pass
+        os._exit(code)
 
 
 def _sum_hook(group, bucket):
