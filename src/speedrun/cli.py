@@ -175,6 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rewrite the ablation tables between <!-- ablation:begin/end --> lines in FILE (BENCHMARKS.md)")
     o.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     sub.add_parser("recipes", help="list the recipes")
+    d = sub.add_parser("data", help="image data: `data prepare SRC DST` writes an image folder tree as shards")
+    dp = d.add_subparsers(dest="data_action", metavar="ACTION", required=True, parser_class=_Parser).add_parser(
+        "prepare", help="an image folder tree as shards; a second run redoes only the splits that changed",
+        description="SRC: SRC/{train,val,test}/<class>/<image> (ImageNet's layout) or SRC/<class>/<image>. DST gets "
+                    "SPLIT-NNNNN.tar shards (WebDataset's layout), SPLIT-index.npy, classes.json, manifest.json.")
+    dp.add_argument("src", metavar="SRC", help="the image folder tree (read only)")
+    dp.add_argument("dst", metavar="DST", help="the shards' folder, outside SRC (created if missing)")
+    dp.add_argument("--max-side-px", type=int, default=256, metavar="PX",
+                    help="shrink each image's longer side to PX (default 256: 256x192 for a 4:3 photo covers "
+                         "training crops up to 192 px, with 2.4 to 3.8 times fewer pixels to decode than FFCV's "
+                         "400-500 px; use 400-512 to evaluate at 224 px)")
+    dp.add_argument("--quality", type=int, default=90, help="JPEG quality, 1 to 100 (default 90, FFCV's)")
+    dp.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="processes that decode and encode (default min(8, CPUs)); 0: in this process")
+    dp.add_argument("--on-error", choices=("skip", "stop"), default="skip",
+                    help="a file that cannot be used: skip it with a warning (default), or stop, leaving DST as it was")
     return parser
 
 
@@ -258,7 +274,8 @@ def _train(args, argv: list[str]) -> int:
 _COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "predict_command", False),
              "bench": ("bench", "bench_command", True), "ablate": ("ablate", "ablate_command", True),
              "compare": ("compare", "compare_command", False), "results": ("db", "results_command", False),
-             "report": ("report", "report_command", False)}
+             "report": ("report", "report_command", False),
+             "data": ("data.prepare_tree", "prepare_command", False)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
         where = (f"{kept} finished run(s) kept in {path}" if kept and path else
                  f"{kept} finished run(s), no result file asked for" if kept else
-                 "nothing was written" if args.command in ("report", "results", "compare") else "no run had finished")
+                 "nothing was written" if args.command in ("report", "results", "compare", "data") else
+                 "no run had finished")
         if getattr(exc, "checkpoint_dir", None) is not None:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
         if prog != "speedrun":  # rank 0 reports the interrupt for the job
