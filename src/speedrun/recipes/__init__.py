@@ -31,7 +31,7 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-FAMILIES = {"cifar": "speedrun.recipes.cifar"}
+FAMILIES = {"cifar": "speedrun.recipes.cifar", "imagenet": "speedrun.recipes.imagenet"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,14 @@ RECIPES = {r.name: r for r in [
     Recipe("cifar10-95", "cifar", "cifar10_95", "cifar10", "widths 128/384/384, 15 epochs: 95%"),
     Recipe("cifar10-96", "cifar", "cifar10_96", "cifar10",
            "residual groups 128/384/512, translate 4 + cutout 12, 37 epochs: 96%"),
+    *[Recipe(f"imagenet-resnet{depth}" + ("" if epochs == 16 else f"-{epochs}"), "imagenet",
+             f"resnet{depth}_{epochs}", "", f"ResNet-{depth}, {epochs} epochs, 160->192 px (FFCV's config: "
+             f"{top1}% top-1, theirs)")
+      for depth, budgets in ((18, ((16, 66.9), (24, 68.8), (32, 70.0), (40, 70.6), (88, 72.4))),
+                             (50, ((16, 73.8), (24, 75.6), (32, 76.6), (40, 77.2), (88, 78.4))))
+      for epochs, top1 in budgets],
+    Recipe("imagenet-debug", "imagenet", "debug", "synthetic",
+           "ResNet-18 at width 8 on 32-px synthetic shards: the ImageNet path in seconds on a CPU"),
 ]}
 
 

@@ -1,0 +1,374 @@
+"""ImageNet-class recipes: ResNet-18 and ResNet-50 from prepared shards, FFCV's schedule on maintained libraries.
+
+Target and claim (STYLE.md habit 1):
+  imagenet-resnet18[-E]   FFCV's ResNet-18 configs (1 x A100, global batch 1024): 16/24/32/40/88 epochs gave
+                          66.9/68.8/70.0/70.6/72.4% top-1 in 35.0/51.6/68.9/85.5/187.3 min (theirs, REFERENCES.md).
+  imagenet-resnet50[-E]   FFCV's ResNet-50 configs (8 x A100, global batch 4096): 73.8/75.6/76.6/77.2/78.4% in
+                          14.9/21.7/28.7/35.6/77.2 min (theirs).
+  imagenet-debug          ResNet-18 at width 8 on 32-px synthetic shards: the whole path in seconds on a CPU.
+  Measured here: see BENCHMARKS.md ("ImageNet-class"): no ImageNet run has been made (no GPU, no ImageNet in this
+  project's sandbox), so no accuracy or time is claimed; the CPU learning check trains the ResNet-18 recipe at a
+  small size on the JPEG copy of CIFAR-10 prepared into shards.
+
+What the recipe does, each a switch in ImagenetConfig (TRICKS lists them for `speedrun ablate`):
+  data      shards from `speedrun data prepare` (data/shard_loader.py): random-resized crop (scale 0.08-1) and
+            flip on the device; evaluation on a centre crop of ratio 224/256 at eval_res_px (FFCV: 256 px).
+  resizing  progressive: min_res_px -> max_res_px linearly between two fractions of the run, in steps of 32 px
+            (FFCV: 160 -> 192 px late in training; "ImageNet in 18 minutes": 128 -> 224 -> 288 px).
+  network   models/resnet.py: zero-initialized last BN scale per block (Goyal et al. 2017), BlurPool (Zhang 2019).
+  optimizer SGD + Nesterov-free momentum 0.9 with the linear scaling rule (lr_per_256 x batch / 256, Goyal et al.),
+            linear warm-up to the peak at warmup_epochs then linear to 0 (FFCV); no weight decay on BatchNorm and
+            biases; LARS or LAMB (tricks/lars.py) for global batches past ~8k.
+  loss      label smoothing 0.1 (Szegedy et al. 2016), summed over the process's share / global batch: with
+            gradients summed across processes (dist.py) the step is the mean over the global batch.
+  averaging an EMA of the weights (tricks/ema.py), off by default (FFCV does not use one).
+  test      the image and its mirror averaged (tta_flip).
+
+Timed region: model construction excluded; from the first step to the end of the final evaluation, device-
+synchronized; checkpoint writes and per-epoch evaluations excluded (reported apart). The loader's worker start-up
+is inside it, as a user waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from speedrun import dist
+from speedrun.checkpoint import CheckpointError
+from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+from speedrun.data.shard_loader import ShardLoader, eval_batches
+from speedrun.engine import (FiniteLossGuard, RunResult, Timer, rng_state, seed_everything, set_rng_state,
+                             setup_system, stop_at_step_end)
+from speedrun.models.resnet import norm_and_bias_params, resnet
+# The family's answers to the runner (recipes/__init__.py lists the questions), kept apart from the loop:
+from speedrun.recipes.imagenet_checks import (TRICKS, ShardData, check, data_signature, describe,  # noqa: F401
+                                              load_data, model_card, notes, smoke, warmup, with_epochs)
+from speedrun.tricks.ema import make_ema
+from speedrun.tricks.label_smoothing import cross_entropy
+from speedrun.tricks.lars import Lamb, Lars
+from speedrun.tricks.schedule import triangle
+
+MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy", "workers"}
+MAX_BATCH = 1 << 17
+
+
+def timed_region(cfg: ImagenetConfig) -> str:
+    tta = " with flip averaging" if cfg.tta_flip else ""
+    return (f"training (loader workers included) + final evaluation at {cfg.eval_res_px} px{tta}, "
+            "device-synchronized; excludes model construction, per-epoch evaluations and checkpoint writes")
+
+
+@dataclass(frozen=True)
+class ImagenetConfig(SystemConfig):
+    target_accuracy: float = 0.669  # top-1 fraction; FFCV's ResNet-18 at 16 epochs
+    # Network (models/resnet.py)
+    depth: int = 18
+    width: int = 64  # stage widths width x (1, 2, 4, 8)
+    zero_init_residual: bool = True
+    blurpool: bool = True
+    # Schedule
+    batch_size: int = 1024  # global, over every process (FFCV's configs give it per GPU)
+    epochs: float = 16.0
+    lr_per_256: float = 0.125  # peak lr per 256 examples: FFCV's 0.5 at 1024 (ResNet-18), 1.7 at 4096 (ResNet-50)
+    warmup_epochs: float = 2.0  # linear from 0 to the peak, then linear to 0 at the end
+    momentum: float = 0.9
+    weight_decay: float = 5e-5  # FFCV: 5e-5 (ResNet-18), 1e-4 (ResNet-50)
+    no_decay_norm_bias: bool = True  # BatchNorm scales/shifts and biases take no weight decay
+    optimizer: Literal["sgd", "lars", "lamb"] = "sgd"
+    lars_trust: float = 0.001  # LARS's trust coefficient (You et al. 2017)
+    label_smoothing: float = 0.1
+    ema_decay: float = 0.0  # per step; 0 = off
+    # Input (data/shard_loader.py)
+    decode_px: int = 256  # workers decode each image to this square
+    crop_min_scale: float = 0.08  # random-resized crop's smallest area fraction
+    flip: bool = True
+    progressive_resizing: bool = True  # off: train at max_res_px throughout
+    min_res_px: int = 160
+    max_res_px: int = 192
+    res_ramp_start_frac: float = 0.7  # fractions of the run between which the resolution ramps
+    res_ramp_end_frac: float = 0.85
+    res_step_px: int = 32
+    workers: int = 8  # DataLoader worker processes per training process (0: decode in the training process)
+    # Evaluation
+    eval_res_px: int = 256
+    eval_crop_ratio: float = 224 / 256
+    tta_flip: bool = True
+    eval_each_epoch: bool = False  # an untimed evaluation per epoch for the table (a full pass over val each)
+    eval_batch_size: int = 256
+
+    @property
+    def tta_level(self) -> int:  # the runner's display names the evaluation's views as the CIFAR family's levels
+        return 1 if self.tta_flip else 0
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= 1e4):
+                raise ValueError(f"bad config: {f.name}={value} must be a finite number in [-1e4, 1e4]")
+        checks = [
+            (self.depth in (18, 34, 50, 101, 152), "depth must be 18, 34, 50, 101 or 152"),
+            (1 <= self.width <= 1024, "width must be in [1, 1024]"),
+            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
+            (0 < self.epochs <= 10_000, "epochs must be in (0, 10000]"),
+            (self.lr_per_256 > 0 and self.weight_decay >= 0 and self.lars_trust > 0,
+             "lr_per_256 and lars_trust must be > 0, weight_decay >= 0"),
+            (0 <= self.warmup_epochs <= self.epochs, "warmup_epochs must be in [0, epochs]"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (0 <= self.ema_decay < 1, "ema_decay must be in [0, 1) (0 = off)"),
+            (8 <= self.decode_px <= 1024, "decode_px must be in [8, 1024]"),
+            (0 < self.crop_min_scale <= 1, "crop_min_scale must be in (0, 1]"),
+            (all(16 <= r <= 1024 for r in (self.min_res_px, self.max_res_px, self.eval_res_px)),
+             "min_res_px, max_res_px and eval_res_px must be in [16, 1024]"),
+            (self.min_res_px <= self.max_res_px, "min_res_px must be <= max_res_px"),
+            (0 <= self.res_ramp_start_frac <= self.res_ramp_end_frac <= 1,
+             "res_ramp_start_frac <= res_ramp_end_frac, both in [0, 1]"),
+            (1 <= self.res_step_px <= 256, "res_step_px must be in [1, 256]"),
+            (0 <= self.workers <= 256, "workers must be in [0, 256]"),
+            (0 < self.eval_crop_ratio <= 1, "eval_crop_ratio must be in (0, 1]"),
+            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
+            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"bad config: {message}")
+
+
+# FFCV's published results (REFERENCES.md), theirs, beside each budget: (top-1, minutes, hardware).
+FFCV_REFERENCE = {
+    18: {16: (0.669, 35.0), 24: (0.688, 51.6), 32: (0.700, 68.9), 40: (0.706, 85.5), 88: (0.724, 187.3)},
+    50: {16: (0.738, 14.9), 24: (0.756, 21.7), 32: (0.766, 28.7), 40: (0.772, 35.6), 88: (0.784, 77.2)},
+}
+FFCV_HARDWARE = {18: "1 x A100", 50: "8 x A100"}
+
+
+def resnet18(epochs: int = 16) -> ImagenetConfig:
+    return ImagenetConfig(epochs=float(epochs), target_accuracy=FFCV_REFERENCE[18][epochs][0])
+
+
+def resnet50(epochs: int = 16) -> ImagenetConfig:
+    return ImagenetConfig(depth=50, batch_size=4096, lr_per_256=1.7 * 256 / 4096, weight_decay=1e-4,
+                          epochs=float(epochs), target_accuracy=FFCV_REFERENCE[50][epochs][0])
+
+
+# The budgets as variants (recipes/__init__.py names them imagenet-resnet18-24 ...; the bare name is 16 epochs).
+def resnet18_16() -> ImagenetConfig: return resnet18(16)  # noqa: E704
+def resnet18_24() -> ImagenetConfig: return resnet18(24)  # noqa: E704
+def resnet18_32() -> ImagenetConfig: return resnet18(32)  # noqa: E704
+def resnet18_40() -> ImagenetConfig: return resnet18(40)  # noqa: E704
+def resnet18_88() -> ImagenetConfig: return resnet18(88)  # noqa: E704
+def resnet50_16() -> ImagenetConfig: return resnet50(16)  # noqa: E704
+def resnet50_24() -> ImagenetConfig: return resnet50(24)  # noqa: E704
+def resnet50_32() -> ImagenetConfig: return resnet50(32)  # noqa: E704
+def resnet50_40() -> ImagenetConfig: return resnet50(40)  # noqa: E704
+def resnet50_88() -> ImagenetConfig: return resnet50(88)  # noqa: E704
+
+
+def debug() -> ImagenetConfig:
+    """Seconds on a CPU: ResNet-18 at width 8 on 32-px images (imagenet_checks.load_data's synthetic shards)."""
+    return ImagenetConfig(width=8, batch_size=64, epochs=2.0, lr_per_256=0.4, warmup_epochs=0.5, decode_px=32,
+                          min_res_px=32, max_res_px=32, eval_res_px=32, eval_crop_ratio=1.0, crop_min_scale=0.35,
+                          workers=0, blurpool=False, target_accuracy=0.5, eval_batch_size=256)
+
+
+def build_model(cfg: ImagenetConfig, in_channels: int, num_classes: int) -> torch.nn.Module:
+    return resnet(cfg.depth, num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual,
+                  blurpool=cfg.blurpool, in_channels=in_channels)
+
+
+def res_at(cfg: ImagenetConfig, step: int, total_steps: int) -> int:
+    """Training resolution at `step`: min_res_px until res_ramp_start_frac of the run, then linearly to max_res_px
+    at res_ramp_end_frac, rounded to res_step_px (FFCV rounds to 32 px: sizes the kernels are tuned for)."""
+    if not cfg.progressive_resizing:
+        return cfg.max_res_px
+    frac = step / max(1, total_steps)
+    lo, hi = cfg.res_ramp_start_frac, cfg.res_ramp_end_frac
+    t = 0.0 if frac <= lo else 1.0 if frac >= hi or hi == lo else (frac - lo) / (hi - lo)
+    px = cfg.min_res_px + t * (cfg.max_res_px - cfg.min_res_px)
+    return min(cfg.max_res_px, max(cfg.min_res_px, int(round(px / cfg.res_step_px)) * cfg.res_step_px))
+
+
+def build_optimizer(cfg: ImagenetConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Two groups: weights, and BatchNorm/bias parameters (no weight decay when no_decay_norm_bias; no LARS/LAMB
+    trust ratio for them either, as Goyal et al. and MLPerf's LARS). Each group keeps its peak lr as initial_lr."""
+    peak = cfg.lr_per_256 * cfg.batch_size / 256
+    norms = {id(p) for p in norm_and_bias_params(model)}
+    rest = [p for p in model.parameters() if id(p) not in norms]
+    norm_params = [p for p in model.parameters() if id(p) in norms]
+    norm_wd = 0.0 if cfg.no_decay_norm_bias else cfg.weight_decay
+    groups = [{"params": rest, "weight_decay": cfg.weight_decay, "initial_lr": peak, "adapt": True},
+              {"params": norm_params, "weight_decay": norm_wd, "initial_lr": peak, "adapt": False}]
+    if cfg.optimizer == "lars":
+        return Lars(groups, lr=peak, momentum=cfg.momentum, trust_coefficient=cfg.lars_trust)
+    if cfg.optimizer == "lamb":
+        return Lamb(groups, lr=peak)
+    for g in groups:
+        del g["adapt"]
+    return torch.optim.SGD(groups, lr=peak, momentum=cfg.momentum)
+
+
+@dataclass
+class TrainState:
+    """What a resumed run restores (the shape of cifar.py's TrainState). The loader needs only `step`."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    ema: Any = None  # tricks/ema.WeightEma or None
+    step: int = 0
+    seconds: float = 0.0
+    epochs_done: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "ema": None if self.ema is None else self.ema.state_dict(), "step": self.step,
+                "seconds": self.seconds, "epochs_done": self.epochs_done, "history": self.history,
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            for p, buffers in self.optimizer.state.items():
+                if any(isinstance(b, torch.Tensor) and b.ndim and b.shape != p.shape for b in buffers.values()):
+                    raise ValueError("an optimizer buffer's shape is not its parameter's")
+            if (self.ema is None) != (state["ema"] is None):
+                raise ValueError("the checkpoint's EMA setting is not this run's")
+            if self.ema is not None:
+                self.ema.load_state_dict(state["ema"])
+            step, seconds, done, history = (state[k] for k in ("step", "seconds", "epochs_done", "history"))
+            if not (type(step) is int and 0 <= step <= total_steps and type(done) is int and 0 <= done
+                    and isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
+                    and isinstance(history, list) and all(isinstance(row, dict) for row in history)):
+                raise ValueError("step, timed seconds or history out of range")
+            self.step, self.seconds, self.epochs_done, self.history = step, seconds, done, list(history)
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+            raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
+                                  f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
+                                  "or start afresh without --resume") from None
+
+
+def evaluate_top1(forward: Callable, data: ShardData, cfg: ImagenetConfig, system, world: dist.World) -> float:
+    """Top-1 accuracy on the evaluation split, centre crop at eval_res_px, the mirror averaged in when tta_flip.
+    Each process scores a contiguous part; the counts are summed."""
+    n = data.num_eval
+    part = slice(world.rank * n // world.size, (world.rank + 1) * n // world.size)
+    counts = torch.zeros(2, dtype=torch.float64, device=system.device)  # correct, seen
+    with torch.no_grad(), system.amp():
+        for inputs, labels in eval_batches(data.eval_images, batch_size=cfg.eval_batch_size, res=cfg.eval_res_px,
+                                           crop_ratio=cfg.eval_crop_ratio, device=system.device, mean=data.mean_t,
+                                           std=data.std_t, dtype=system.dtype, channels_last=system.channels_last,
+                                           workers=min(cfg.workers, 4), part=part):
+            logits = forward(inputs).float()
+            if cfg.tta_flip:
+                logits = logits + forward(inputs.flip(-1)).float()
+            counts += torch.stack([(logits.argmax(1) == labels).sum().double(),
+                                   torch.tensor(float(len(labels)), dtype=torch.float64, device=counts.device)])
+    dist.sum_(counts, world)
+    return float(counts[0] / counts[1])
+
+
+def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: int, *,
+              world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
+              on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
+              resume: dict[str, Any] | None = None, on_batch: Callable[[int, torch.Tensor], None] | None = None
+              ) -> RunResult:
+    """One run of `cfg` on prepared shards; returns the final top-1 accuracy and the timed seconds.
+    on_batch(step, labels): called with each step's labels on this process (the exactly-once test)."""
+    cfg.validate()
+    world = world or dist.World()
+    seed_everything(seed)
+    system = setup_system(cfg, device)
+    model, forward = system.prepare(build_model(cfg, 3, data.num_classes), cfg)
+    state = TrainState(model, build_optimizer(cfg, model), make_ema(model, cfg.ema_decay, 1))
+    loader = ShardLoader(data.root, data.train_split, batch_size=cfg.batch_size, epochs=cfg.epochs, device=device,
+                         mean=data.mean_t, std=data.std_t, res_at=lambda s: res_at(cfg, s, total_steps),
+                         decode_px=cfg.decode_px, workers=cfg.workers, dtype=system.dtype,
+                         channels_last=system.channels_last, flip=cfg.flip, scale=(cfg.crop_min_scale, 1.0),
+                         seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None)
+    total_steps = loader.steps
+    warmup_frac = min(1.0, cfg.warmup_epochs / cfg.epochs)
+    if resume is not None:
+        state.load_state_dict(resume, total_steps)
+    timer = Timer(device)
+    timer.seconds = state.seconds
+    timer.start()  # ---- timed region ----
+    train_forward = dist.wrap(forward, world, device, cfg.sync_bn)
+
+    def scored() -> float:
+        dist.broadcast_model(model, world)  # BatchNorm statistics are per process: rank 0's for everyone
+        model.eval()
+        swap = state.ema.swapped(model) if state.ema is not None else contextlib.nullcontext()
+        with swap:
+            accuracy = evaluate_top1(forward, data, cfg, system, world)
+        model.train()
+        return accuracy
+
+    model.train()
+    loss = torch.zeros(())
+    with stop_at_step_end() as stop:
+        guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
+                                stop=stop)
+        for inputs, targets in loader.batches(state.step):
+            if on_batch is not None:
+                on_batch(state.step, targets)
+            mult = triangle(state.step, total_steps, 0.0, warmup_frac, 0.0)
+            for group in state.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * mult
+            with system.amp():
+                logits = train_forward(inputs)
+            # Summed over this share, divided by the global batch: gradients summed over processes = the mean.
+            loss = cross_entropy(logits, targets, cfg.label_smoothing) / cfg.batch_size
+            state.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            state.optimizer.step()
+            state.step += 1
+            if state.ema is not None:
+                state.ema.update(state.step)
+            stopping = guard.check(state.step, loss, cfg.lr_per_256 * mult)
+            if on_step is not None:
+                on_step(state.step, total_steps)
+            epoch = loader.epoch_at(state.step)
+            table_row = int(epoch) > state.epochs_done and state.step < total_steps
+            saving = checkpoints is not None and (stopping or checkpoints.due(state.step, total_steps))
+            if table_row or saving:
+                timer.stop()
+                if table_row:
+                    state.epochs_done = int(epoch)
+                    row = {"epoch": round(epoch, 4), "step": state.step, "train_loss": _global_loss(loss, world),
+                           "train_acc": None, "val_acc": scored() if cfg.eval_each_epoch else None,
+                           "train_seconds": timer.seconds, "res_px": res_at(cfg, state.step - 1, total_steps)}
+                    state.history.append(row)
+                    if on_epoch is not None:
+                        on_epoch(row)
+                if saving:
+                    state.seconds = timer.seconds
+                    checkpoints.save(state.step, state.state_dict())
+                timer.start()
+            if stopping:
+                raise stop.interrupt()
+        guard.finish()
+    accuracy = scored()
+    train_seconds = timer.stop()  # ---- end of timed region ----
+    row = {"epoch": round(loader.epoch_at(state.step), 4), "step": state.step, "train_loss": _global_loss(loss, world),
+           "train_acc": None, "val_acc": accuracy, "train_seconds": train_seconds}
+    state.history.append(row)
+    if on_epoch is not None:
+        on_epoch(row)
+    return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
+                     steps=total_steps, history=state.history, model=model)
+
+
+def _global_loss(loss: torch.Tensor, world: dist.World) -> float:
+    """The last step's loss per example over the global batch (each process holds its share's sum / batch)."""
+    total = loss.detach().double().reshape(1).clone()
+    dist.sum_(total, world)
+    return float(total)

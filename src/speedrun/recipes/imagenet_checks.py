@@ -1,0 +1,212 @@
+"""The imagenet family's answers to the runner (recipes/__init__.py lists the questions): the prepared shards it
+reads, checks, the smoke test, notes, what a checkpoint and a saved model must agree on. The loop is in
+recipes/imagenet.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from speedrun import dist
+from speedrun.data.loader import steps_for
+from speedrun.data.shard_loader import ShardImages
+from speedrun.errors import printable
+
+if TYPE_CHECKING:
+    from speedrun.recipes.imagenet import ImagenetConfig
+
+# ImageNet's channel statistics (the values every torchvision-era recipe uses), in [0, 1] units.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SMOKE_STEPS = 4
+SMOKE_EVAL_IMAGES = 512
+MAX_CLASSES_BYTES = 4 * 2**20  # classes.json: 21,841 ImageNet-21k names are about 250 KB
+SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class ShardData:
+    """A prepared data set (`speedrun data prepare`): where its shards are and what they hold."""
+    name: str
+    root: str
+    train_split: str
+    eval_split: str
+    classes: tuple[str, ...]
+    num_train: int
+    num_eval: int
+    eval_images: ShardImages
+    mean_t: torch.Tensor
+    std_t: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def _classes(root: Path) -> tuple[str, ...]:
+    path = root / "classes.json"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CLASSES_BYTES + 1)
+        names = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_CLASSES_BYTES else None
+    except FileNotFoundError:
+        raise ValueError(f"{printable(str(root))} has no classes.json: it is not a folder written by speedrun data "
+                         "prepare; run `speedrun data prepare SRC DST` and train on DST") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise ValueError(f"cannot read {printable(str(path))} ({type(e).__name__}); run speedrun data prepare "
+                         "again") from None
+    if not (isinstance(names, list) and 2 <= len(names) <= 100_000 and all(isinstance(n, str) for n in names)):
+        raise ValueError(f"{printable(str(path))} is not a list of 2 or more class names; run speedrun data "
+                         "prepare again")
+    return tuple(names)
+
+
+def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> ShardData:
+    """`dataset`: a folder written by `speedrun data prepare` (classes.json, train-*.tar, and val-* or test-*),
+    or "synthetic" (small learnable shards made once in the data cache: imagenet-debug's default)."""
+    if image_size is not None:
+        raise ValueError("--image-size is for image folders; the imagenet recipes choose resolutions by config "
+                         "(--set min_res_px=... max_res_px=... eval_res_px=...)")
+    if not dataset:
+        raise ValueError("the imagenet recipes need --dataset DIR: a folder written by `speedrun data prepare SRC "
+                         "DIR` (README: preparing ImageNet)")
+    if dataset == SYNTHETIC:
+        root = _synthetic_shards(Path(data_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser(),
+                                 log)
+    else:
+        root = Path(dataset).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"--dataset {printable(dataset)} is not a folder; the imagenet recipes read what "
+                             "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
+    classes = _classes(root)
+    evals = [s for s in ("val", "test") if (root / f"{s}-index.npy").exists()]
+    if not (root / "train-index.npy").exists() or not evals:
+        raise ValueError(f"{printable(str(root))} needs a train split and a val or test split (train-index.npy, "
+                         "val-index.npy); prepare a folder with train/ and val/ (or test/)")
+    train = ShardImages(str(root), "train", 8)
+    evaluation = ShardImages(str(root), evals[0], 8)
+    for split, part in (("train", train), (evals[0], evaluation)):
+        top = int(part.labels.max()) if len(part) else -1
+        if top >= len(classes):
+            raise ValueError(f"{printable(str(root))}: the {split} split has label {top} but classes.json names "
+                             f"{len(classes)} classes; run speedrun data prepare again")
+    return ShardData(name=SYNTHETIC if dataset == SYNTHETIC else root.name, root=str(root), train_split="train",
+                     eval_split=evals[0], classes=classes, num_train=len(train), num_eval=len(evaluation),
+                     eval_images=evaluation, mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
+
+
+def _synthetic_shards(cache: Path, log) -> Path:
+    """10 classes of 32-px images, each class its own colour with noise (learnable in a few steps), 640 train /
+    160 val, written once as shards (the writes are atomic: a killed run leaves no half split)."""
+    from PIL import Image
+
+    from speedrun.data.shards import write_split
+    from speedrun.results import write_text
+
+    root = cache / "imagenet-synthetic-v1"
+    if (root / "classes.json").exists() and (root / "val-index.npy").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    log(f"writing synthetic shards to {root}")
+    rng = np.random.default_rng(0)
+    colours = rng.integers(0, 256, (10, 3))
+    for split, n in (("train", 640), ("val", 160)):
+        def samples(n=n):
+            for i in range(n):
+                label = i % 10
+                noise = rng.normal(0, 40, (32, 32, 3))
+                pixels = np.clip(colours[label] + noise, 0, 255).astype(np.uint8)
+                buf = io.BytesIO()
+                Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+                yield buf.getvalue(), label
+        write_split(samples(), root, split)
+    write_text(root / "classes.json", json.dumps([f"class{k}" for k in range(10)]), 0o644)
+    return root
+
+
+def describe(data: ShardData) -> str:
+    return (f"{printable(data.name)}: {data.num_train} train / {data.num_eval} {data.eval_split} images in shards, "
+            f"{data.num_classes} classes")
+
+
+def with_epochs(cfg: ImagenetConfig, epochs: float) -> ImagenetConfig:
+    """cfg for `epochs`: the warm-up scaled alike (the resizing ramp is in fractions of the run already)."""
+    return dataclasses.replace(cfg, epochs=epochs, warmup_epochs=cfg.warmup_epochs * epochs / cfg.epochs)
+
+
+def smoke(cfg: ImagenetConfig, data: ShardData) -> tuple[ImagenetConfig, ShardData]:
+    """SMOKE_STEPS steps and the first SMOKE_EVAL_IMAGES of the evaluation split: does the pipeline run?"""
+    cfg = dataclasses.replace(cfg, eval_each_epoch=False)
+    data = dataclasses.replace(data, num_eval=min(data.num_eval, SMOKE_EVAL_IMAGES))
+    return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / data.num_train)), data
+
+
+def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str]:
+    steps = steps_for(cfg.epochs, data.num_train, cfg.batch_size)
+    if smoke:
+        return [f"smoke test: {steps} step(s), {data.num_eval} evaluation images: this checks that the pipeline "
+                "runs; its accuracy is not a result"]
+    return [f"{steps} steps of {cfg.batch_size}; resolution {cfg.min_res_px}->{cfg.max_res_px} px, evaluation at "
+            f"{cfg.eval_res_px} px"]
+
+
+def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
+    if world.size > 1:
+        dist.share(cfg.batch_size, world)
+    if cfg.sync_bn and device.type != "cuda":
+        raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
+                         "(--set sync_bn=false)")
+    warnings = []
+    if cfg.decode_px < cfg.max_res_px:
+        warnings.append(f"decode_px {cfg.decode_px} is below max_res_px {cfg.max_res_px}: training crops are "
+                        "upsampled; raise decode_px (--set decode_px=...)")
+    if cfg.batch_size > data.num_train:
+        warnings.append(f"batch_size {cfg.batch_size} is larger than the {data.num_train} training images: every "
+                        "step repeats images; lower batch_size (--set batch_size=...)")
+    return warnings
+
+
+def data_signature(data: ShardData) -> dict:
+    """What a checkpoint must have been trained on: the classes and a SHA-256 of both splits' indexes (which hold
+    every sample's shard, offset, size and label; re-preparing changes them)."""
+    h = hashlib.sha256()
+    for split in (data.train_split, data.eval_split):
+        h.update((Path(data.root) / f"{split}-index.npy").read_bytes())
+    h.update(json.dumps(list(data.classes)).encode())
+    return {"name": data.name, "num_train": data.num_train, "num_eval": data.num_eval,
+            "num_classes": data.num_classes, "sha256": h.hexdigest()}
+
+
+def model_card(cfg: ImagenetConfig, data: ShardData) -> dict:
+    return {"classes": list(data.classes), "image_shape": [3, cfg.eval_res_px, cfg.eval_res_px],
+            "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "tta_level": 1 if cfg.tta_flip else 0}
+
+
+def warmup(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World | None = None) -> float:
+    """No warm-up run: an ImageNet run is long enough that compile and autotuning are a small part of it, and they
+    happen inside it (reported in the timed region)."""
+    return 0.0
+
+
+# Every trick of the family as (config key, its "off" value, what it is): what `speedrun ablate` switches.
+TRICKS: list[tuple[str, object, str]] = [
+    ("progressive_resizing", False, "progressive resizing (train at max_res_px throughout when off)"),
+    ("label_smoothing", 0.0, "label smoothing (tricks/label_smoothing.py)"),
+    ("no_decay_norm_bias", False, "no weight decay on BatchNorm and biases"),
+    ("zero_init_residual", False, "zero-initialized last BN scale per block (models/resnet.py)"),
+    ("blurpool", False, "BlurPool anti-aliased downsampling (models/resnet.py)"),
+    ("ema_decay", 0.0, "EMA of the weights (tricks/ema.py)"),
+    ("tta_flip", False, "test-time flip averaging"),
+    ("flip", False, "random horizontal flip"),
+    ("channels_last", "off", "channels_last memory layout (speed)"),
+    ("compile", False, "torch.compile (speed)"),
+    ("precision", "fp32", "bf16 autocast (speed)"),
+]
