@@ -240,6 +240,16 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
+def check(batch: int, world: World, device: torch.device, sync_bn: bool) -> None:
+    """What running under torchrun asks of any family's config, before any data is read or step taken: the global
+    batch splits evenly over the processes, and SyncBatchNorm has CUDA devices (ValueError with the fix)."""
+    if world.size > 1:
+        share(batch, world)
+    if sync_bn and device.type != "cuda":
+        raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
+                         "(--set sync_bn=false)")
+
+
 def share(batch: int, world: World) -> slice:
     """This process's part of a global batch of `batch` examples (an equal 1/K share)."""
     if batch % world.size:

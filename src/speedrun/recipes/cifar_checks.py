@@ -72,11 +72,7 @@ def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
 
 def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
     """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA."""
-    if world.size > 1:
-        dist.share(cfg.batch_size, world)
-    if cfg.sync_bn and device.type != "cuda":
-        raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
-                         "(--set sync_bn=false)")
+    dist.check(cfg.batch_size, world, device, cfg.sync_bn)
     return check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels), data.num_classes, device)
 
 

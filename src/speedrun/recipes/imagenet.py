@@ -16,9 +16,9 @@ What the recipe does, each a switch in ImagenetConfig (TRICKS lists them for `sp
   resizing  progressive: min_res_px -> max_res_px linearly between two fractions of the run, in steps of 32 px
             (FFCV: 160 -> 192 px late in training; "ImageNet in 18 minutes": 128 -> 224 -> 288 px).
   network   models/resnet.py: zero-initialized last BN scale per block (Goyal et al. 2017), BlurPool (Zhang 2019).
-  optimizer SGD + Nesterov-free momentum 0.9 with the linear scaling rule (lr_per_256 x batch / 256, Goyal et al.),
-            linear warm-up to the peak at warmup_epochs then linear to 0 (FFCV); no weight decay on BatchNorm and
-            biases; LARS or LAMB (tricks/lars.py) for global batches past ~8k.
+  optimizer SGD with momentum 0.9 (no Nesterov, as FFCV) and the linear scaling rule (lr_per_256 x batch / 256,
+            Goyal et al.), linear warm-up to the peak at warmup_epochs then linear to 0 (FFCV); no weight decay on
+            BatchNorm and biases; LARS or LAMB (tricks/lars.py) for global batches past ~8k.
   loss      label smoothing 0.1 (Szegedy et al. 2016), summed over the process's share / global batch: with
             gradients summed across processes (dist.py) the step is the mean over the global batch.
   averaging an EMA of the weights (tricks/ema.py), off by default (FFCV does not use one).
@@ -304,10 +304,11 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)
 
     def scored() -> float:
-        dist.broadcast_model(model, world)  # BatchNorm statistics are per process: rank 0's for everyone
         model.eval()
         swap = state.ema.swapped(model) if state.ema is not None else contextlib.nullcontext()
-        with swap:
+        with swap:  # the averaged weights in (when EMA is on), then restored
+            # BatchNorm statistics (and their averages) are per process: every process takes rank 0's.
+            dist.broadcast_model(model, world)
             accuracy = evaluate_top1(forward, data, cfg, system, world)
         model.train()
         return accuracy

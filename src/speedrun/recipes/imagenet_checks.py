@@ -159,11 +159,7 @@ def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str
 
 
 def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
-    if world.size > 1:
-        dist.share(cfg.batch_size, world)
-    if cfg.sync_bn and device.type != "cuda":
-        raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
-                         "(--set sync_bn=false)")
+    dist.check(cfg.batch_size, world, device, cfg.sync_bn)
     warnings = []
     if cfg.decode_px < cfg.max_res_px:
         warnings.append(f"decode_px {cfg.decode_px} is below max_res_px {cfg.max_res_px}: training crops are "
