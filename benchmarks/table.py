@@ -6,13 +6,15 @@
 Each kind of result has its own table: `speedrun train --json` results go between `<!-- results:begin -->` and
 `<!-- results:end -->`; the reports of benchmarks/vs_airbench.py and benchmarks/step_time.py (their "benchmark"
 field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
-scripts' own markdown(). --write replaces the marked sections of the kinds given, so the numbers in
-BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
+scripts' own markdown(); `speedrun bench-loader --json` reports between `<!-- bench_loader:begin -->` ...,
+rendered by speedrun.bench_loader.markdown(). --write replaces the marked sections of the kinds given, so the
+numbers in BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -24,6 +26,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
 # scripts beside this one, each with markdown(report) -> str
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats")
+# speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
+COMMAND_REPORTS = {"bench_loader": "speedrun.bench_loader"}
 SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare")  # speedrun's own commands' reports
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
@@ -62,8 +66,9 @@ def tables(paths: list[Path]) -> dict[str, str]:
         kind = result.get("benchmark", TRAIN)
         if kind in SPEEDRUN_REPORTS:
             continue  # `speedrun report --benchmarks` renders these from the database
-        if kind != TRAIN and kind not in BENCHMARKS:
-            raise ValueError(f"{path}: unknown benchmark {kind!r}; this script renders {', '.join(BENCHMARKS)}")
+        if kind != TRAIN and kind not in BENCHMARKS and kind not in COMMAND_REPORTS:
+            raise ValueError(f"{path}: unknown benchmark {kind!r}; this script renders "
+                             f"{', '.join([*BENCHMARKS, *COMMAND_REPORTS])}")
         by_kind.setdefault(kind, []).append(result)
     out = {}
     for kind, results in by_kind.items():
@@ -71,7 +76,8 @@ def tables(paths: list[Path]) -> dict[str, str]:
         if kind == TRAIN:
             out[kind] = "\n".join([HEADER, *(row(r) for r in results)])
         else:
-            render = _sibling(kind).markdown
+            render = (importlib.import_module(COMMAND_REPORTS[kind]) if kind in COMMAND_REPORTS
+                      else _sibling(kind)).markdown
             out[kind] = "\n\n".join(render(r) for r in results)
     return out
 

@@ -96,11 +96,11 @@ def test_smoke_tests_are_refused_and_diverged_runs_are_shown(tmp_path, capsys):
 
 
 def test_every_stored_file_renders_and_speedruns_own_reports_are_left_to_it():
-    """The README's command over every file in benchmarks/results: each kind has its table (shard formats
-    included); ablate and waterfall reports are `speedrun report --benchmarks`'s, not this script's."""
+    """The README's command over every file in benchmarks/results: each kind has its table (shard formats and
+    bench-loader included); ablate and waterfall reports are `speedrun report --benchmarks`'s, not this script's."""
     files = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").rglob("*.json"))
     sections = table.tables(files)
-    assert {"results", "vs_airbench", "step_time", "ab_commits", "shard_formats"} <= set(sections)
+    assert {"results", "vs_airbench", "step_time", "ab_commits", "shard_formats", "bench_loader"} <= set(sections)
     assert not set(sections) & set(table.SPEEDRUN_REPORTS)
     rows = [line for line in sections["shard_formats"].splitlines() if line.startswith("| 20")]
     assert [row.split(" | ")[3] for row in rows] == ["webdataset", "litdata", "indexed-tar"]

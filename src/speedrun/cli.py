@@ -191,6 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="processes that decode and encode (default min(8, CPUs)); 0: in this process")
     dp.add_argument("--on-error", choices=("skip", "stop"), default="skip",
                     help="a file that cannot be used: skip it with a warning (default), or stop, leaving DST as it was")
+    bl = sub.add_parser("bench-loader", help="images/s of the input path alone: prepared shards, and a plain "
+                        "Pillow + DataLoader baseline over the original JPEGs (--baseline)",
+                        description="Times decode + augment + copy: from asking for a batch to holding it on the "
+                                    "device, cropped, flipped and standardized, after untimed warm-up batches; "
+                                    "worker start-up is reported apart. Settings are measured interleaved.")
+    bl.add_argument("dir", metavar="DIR", help="the shards' folder (what `speedrun data prepare SRC DIR` wrote)")
+    bl.add_argument("--split", default=None, help="the split to read (default train, or the only split in DIR)")
+    bl.add_argument("--workers", default="1,2", metavar="N,N,...", help="DataLoader worker processes (default 1,2)")
+    bl.add_argument("--res", default="160,224", metavar="PX,PX,...", help="training resolutions (default 160,224)")
+    bl.add_argument("--batch", type=int, default=64, help="images per batch (default 64)")
+    bl.add_argument("--batches", type=int, default=30, metavar="N",
+                    help="timed batches per measurement (default 30: 4 to 6 s each on a 2-core CPU)")
+    bl.add_argument("--runs", type=int, default=5, help="measurements per setting, interleaved (default 5)")
+    bl.add_argument("--decode-px", type=int, default=256, metavar="PX",
+                    help="ours: the square the workers decode to (default 256)")
+    bl.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    bl.add_argument("--baseline", default=None, metavar="SRC",
+                    help="the original JPEGs (class folders or a train/val tree): each setting is also measured "
+                         "with Pillow + torch DataLoader over them, and the ratio shown")
+    bl.add_argument("--json", default=None, metavar="FILE", help="also write the report here (never replaced)")
     return parser
 
 
@@ -275,7 +295,8 @@ _COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "pre
              "bench": ("bench", "bench_command", True), "ablate": ("ablate", "ablate_command", True),
              "compare": ("compare", "compare_command", False), "results": ("db", "results_command", False),
              "report": ("report", "report_command", False),
-             "data": ("data.prepare_tree", "prepare_command", False)}
+             "data": ("data.prepare_tree", "prepare_command", False),
+             "bench-loader": ("bench_loader", "bench_loader_command", True)}
 
 
 def main(argv: list[str] | None = None) -> int:
