@@ -91,8 +91,9 @@ share = dist.share(8, world)
 torch.nn.functional.cross_entropy(ddp(x[share]), y[share], reduction="sum").backward()
 for p, g in zip(model.parameters(), expected):
     torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-6)
-print("ok", world.rank)
+print("ok", world.rank, flush=True)
 dist.shutdown(world, True)
+dist.exit_process(0)  # as cli.entry: DDP's gloo threads must not see the interpreter's teardown
 """
 
 

@@ -161,6 +161,7 @@ seen = {step: y.tolist() for step, (_, y) in enumerate(loader.batches(start), st
 with open(f"{out}.{world.rank}", "w") as f:
     json.dump(seen, f)
 dist.shutdown(world, True)
+dist.exit_process(0)
 """
 
 

@@ -109,7 +109,8 @@ def shutdown(world: World, in_step: bool) -> None:
     """Leave the process group. in_step: every process got here the same way (the command succeeded, or a signal
     stopped all of them at the same step), so they wait for each other first: a process that tears its group down
     while a peer still talks to it can abort ("terminate called without an active exception"). After a failure
-    no one waits: the peers may be gone, and torchrun stops the rest."""
+    no one waits: the peers may be gone, and torchrun stops the rest. A program that wrapped a model in DDP ends
+    with exit_process after this (cli.entry does)."""
     if world.size > 1:
         import torch.distributed as dist
 
