@@ -167,3 +167,71 @@ def test_settings_out_of_range_are_refused(shards):
         _loader(shards, decode_px=4)
     with pytest.raises(ValueError, match="workers"):
         _loader(shards, workers=-1)
+
+
+def _pillow_on_device(blobs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A stand-in for TorchCodec's decode_jpeg(list, device=...): the same contract (host bytes in, (3, H, W)
+    uint8 out at each image's own size), so the device-decode path runs on this CPU-only machine."""
+    out = []
+    for b in blobs:
+        with Image.open(io.BytesIO(b.numpy().tobytes())) as im:
+            out.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous())
+    return out
+
+
+def test_the_device_decode_path_gets_checked_bytes_and_yields_what_the_pillow_path_yields(tmp_path):
+    # Flat-colour images: any crop of them, resampled any way, is the colour; so both paths must agree exactly
+    # in labels, shapes, and values (to rounding), step by step, with the same boxes and flips.
+    colours = [(i * 40 % 256, 255 - i * 30 % 256, i * 70 % 256) for i in range(11)]
+    samples = []
+    for i, c in enumerate(colours):
+        buf = io.BytesIO()
+        Image.new("RGB", (30 + 3 * i, 50 - 2 * i), c).save(buf, "JPEG", quality=100)
+        samples.append((buf.getvalue(), i))
+    write_split(samples, tmp_path, "train")
+    calls = []
+
+    def counting(blobs):
+        calls.append(len(blobs))
+        return _pillow_on_device(blobs)
+
+    cpu = _loader(tmp_path, batch_size=4, epochs=2)
+    dev = _loader(tmp_path, batch_size=4, epochs=2, device_decode=counting, channels_last=True)
+    assert dev.dataset.raw and not cpu.dataset.raw
+    for (x, y), (dx, dy) in zip(cpu.batches(0), dev.batches(0)):
+        assert torch.equal(y, dy) and x.shape == dx.shape
+        assert torch.allclose(x, dx, atol=0.05)  # standardized units: 0.05 x 0.25 x 255 = 3 grey levels (JPEG)
+        assert dx.is_contiguous(memory_format=torch.channels_last)
+    assert calls == [4] * cpu.steps
+
+
+def test_the_device_decode_path_refuses_a_bomb_header_in_the_workers(tmp_path):
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
+    write_split([(bytes(data), 0)], tmp_path, "train")
+    with pytest.raises(ValueError, match="sample 0 of train .* is not a usable JPEG"):
+        ShardImages(str(tmp_path), "train", 16, raw=True)[0]
+
+
+def test_device_decoder_choices_and_the_fallback_note():
+    from speedrun.data.shard_loader import device_decoder
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert device_decoder("auto", cpu) == (None, None)
+    assert device_decoder("pillow", cuda) == (None, None)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        device_decoder("nvjpeg", cpu)
+    with pytest.raises(ValueError, match="decoder must be"):
+        device_decoder("dali", cpu)
+    try:
+        import torchcodec.decoders  # noqa: F401
+        pytest.skip("TorchCodec loads here: the fallback cannot be shown")
+    except Exception:  # noqa: BLE001 -- what device_decoder catches
+        pass
+    decode, note = device_decoder("auto", cuda)
+    assert decode is None and "pip install 'speedrun[gpu]'" in note and "Pillow" in note
+    with pytest.raises(ValueError, match="decoder=nvjpeg: TorchCodec is not usable"):
+        device_decoder("nvjpeg", cuda)

@@ -64,31 +64,57 @@ def stream_indices(seed: int, n: int, batch_size: int, step: int) -> torch.Tenso
     return out
 
 
-def decode(jpeg: bytes, decode_px: int, where: str) -> tuple[np.ndarray, int, int]:
-    """JPEG bytes -> (decode_px, decode_px, 3) uint8 and the image's own (width, height). A shard is a file from
-    elsewhere: the header is checked before any pixel is decoded (format, size), and a failure names the sample."""
+def _opened(jpeg: bytes) -> Image.Image:
+    """The JPEG's header read and checked (format, size): nothing is decoded yet. A shard is a file from elsewhere."""
+    im = Image.open(io.BytesIO(jpeg), formats=("JPEG",))
+    w, h = im.size
+    if not (1 <= w <= MAX_DECODE_SIDE_PX and 1 <= h <= MAX_DECODE_SIDE_PX):
+        im.close()
+        raise ValueError(f"{w}x{h} px is beyond the {MAX_DECODE_SIDE_PX}-px limit")
+    return im
+
+
+def _unusable(where: str, e: Exception) -> ValueError:
+    return ValueError(f"{where} is not a usable JPEG ({' '.join(str(e).split())[:200]}); run speedrun data prepare "
+                      "again")
+
+
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def header_size(jpeg: bytes, where: str) -> tuple[int, int]:
+    """(width, height) from the JPEG's header, checked as decode() checks it; the GPU path's workers call this
+    so that nvJPEG never sees a file the CPU path would refuse."""
     try:
-        with Image.open(io.BytesIO(jpeg), formats=("JPEG",)) as im:
+        with _opened(jpeg) as im:
+            return im.size
+    except _DECODE_ERRORS as e:
+        raise _unusable(where, e) from None
+
+
+def decode(jpeg: bytes, decode_px: int, where: str) -> tuple[np.ndarray, int, int]:
+    """JPEG bytes -> (decode_px, decode_px, 3) uint8 and the image's own (width, height). The header is checked
+    before any pixel is decoded (format, size), and a failure names the sample."""
+    try:
+        with _opened(jpeg) as im:
             w, h = im.size
-            if not (1 <= w <= MAX_DECODE_SIDE_PX and 1 <= h <= MAX_DECODE_SIDE_PX):
-                raise ValueError(f"{w}x{h} px is beyond the {MAX_DECODE_SIDE_PX}-px limit")
             im.draft("RGB", (decode_px, decode_px))  # DCT scaling: decode at 1/2, 1/4, 1/8 while >= decode_px
             rgb = im.convert("RGB") if im.mode != "RGB" else im
             # Pillow's bilinear resize filters over the whole footprint when shrinking (antialiased).
             out = rgb.resize((decode_px, decode_px), Image.Resampling.BILINEAR)
             return np.asarray(out, dtype=np.uint8), w, h
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{where} is not a usable JPEG ({' '.join(str(e).split())[:200]}); run speedrun data "
-                         "prepare again") from None
+    except _DECODE_ERRORS as e:
+        raise _unusable(where, e) from None
 
 
 class ShardImages(torch.utils.data.Dataset):
     """Samples of one prepared split, decoded to `decode_px` squares. Fetched a batch at a time (DataLoader calls
     __getitems__ with a batch sampler's list): (images (b, 3, D, D) uint8, labels (b,) int64, sizes (b, 2) int64
-    as (width, height))."""
+    as (width, height)). raw: the images are left encoded, a list of b 1-D uint8 tensors (their headers checked),
+    for a decoder on the device."""
 
-    def __init__(self, root: str, split: str, decode_px: int):
-        self.root, self.split, self.decode_px = root, split, decode_px
+    def __init__(self, root: str, split: str, decode_px: int, raw: bool = False):
+        self.root, self.split, self.decode_px, self.raw = root, split, decode_px, raw
         self._shards: Shards | None = None
         with Shards(root, split) as shards:  # checked here, in the main process: errors are one line, early
             self.labels = torch.from_numpy(shards.index[:, 3].copy())
@@ -101,8 +127,17 @@ class ShardImages(torch.utils.data.Dataset):
             self._shards = Shards(self.root, self.split)
         return self._shards
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor,
+                                                          torch.Tensor]:
         shards, d = self._open(), self.decode_px
+        if self.raw:
+            blobs, sizes = [], torch.empty(len(indices), 2, dtype=torch.int64)
+            for k, i in enumerate(indices):
+                data = shards.read(i)
+                sizes[k] = torch.tensor(header_size(data, f"sample {i} of {printable(self.split)} in "
+                                                          f"{printable(str(self.root))}"))
+                blobs.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            return blobs, self.labels[indices], sizes
         images = np.empty((len(indices), d, d, 3), dtype=np.uint8)
         sizes = np.empty((len(indices), 2), dtype=np.int64)
         for k, i in enumerate(indices):
@@ -121,6 +156,34 @@ class ShardImages(torch.utils.data.Dataset):
 
 def _identity(batch):
     return batch
+
+
+def device_decoder(choice: str, device: torch.device) -> tuple[Callable | None, str | None]:
+    """The batched JPEG decode on the device that `choice` asks for ("auto", "pillow" or "nvjpeg"), or None for
+    Pillow in the CPU workers; with a note when "auto" on a CUDA device falls back to Pillow.
+
+    nvjpeg is TorchCodec's decode_jpeg on a list of JPEGs (one nvJPEG batch call; TorchCodec >= 0.16, the `[gpu]`
+    extra). torchvision's decoders, the older route, are deprecated since 0.29 and the core must not need
+    torchvision. Not yet run on a GPU by this project (BENCHMARKS.md)."""
+    if choice not in ("auto", "pillow", "nvjpeg"):
+        raise ValueError(f"decoder must be auto, pillow or nvjpeg, got {choice!r}")
+    if choice == "pillow" or (choice == "auto" and device.type != "cuda"):
+        return None, None
+    if device.type != "cuda":
+        raise ValueError(f"decoder=nvjpeg needs a CUDA device, not {device.type}; use decoder=pillow (or auto)")
+    try:
+        from torchcodec.decoders import decode_jpeg
+    except Exception as e:  # noqa: BLE001 -- ImportError, or OSError/RuntimeError from its CUDA libraries
+        why = f"TorchCodec is not usable here ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+        if choice == "nvjpeg":
+            raise ValueError(f"decoder=nvjpeg: {why}; pip install 'speedrun[gpu]', or use decoder=pillow") from None
+        return None, (f"GPU JPEG decoding needs TorchCodec: {why}; pip install 'speedrun[gpu]' for it. Decoding "
+                      "with Pillow in the CPU workers instead")
+
+    def decode_on_device(blobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return decode_jpeg(blobs, mode="RGB", device=device)  # list of (3, H, W) uint8 on the device
+
+    return decode_on_device, None
 
 
 def random_resized_boxes(sizes: torch.Tensor, gen: torch.Generator, scale: tuple[float, float] = (0.08, 1.0),
@@ -210,12 +273,15 @@ class ShardLoader:
                  mean: torch.Tensor, std: torch.Tensor, res_at: Callable[[int], int], decode_px: int = 256,
                  workers: int = 0, dtype: torch.dtype = torch.float32, channels_last: bool = False,
                  flip: bool = True, scale: tuple[float, float] = (0.08, 1.0), seed: int = 0,
-                 share: slice | None = None, prefetch_batches: int = 2):
+                 share: slice | None = None, prefetch_batches: int = 2,
+                 device_decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None):
         if not 8 <= decode_px <= 1024:
             raise ValueError(f"decode_px must be in [8, 1024], got {decode_px}")
         if not 0 <= workers <= 256:
             raise ValueError(f"workers must be in [0, 256], got {workers}")
-        self.dataset = ShardImages(root, split, decode_px)
+        # device_decode (device_decoder()): the workers only read and check each JPEG; the device decodes the batch.
+        self.device_decode = device_decode
+        self.dataset = ShardImages(root, split, decode_px, raw=device_decode is not None)
         if len(self.dataset) == 0:
             raise ValueError(f"the {printable(split)} split in {printable(root)} has no images; run speedrun data "
                              "prepare on a folder with images")
@@ -261,9 +327,11 @@ class ShardLoader:
         pending: list[tuple[int, tuple]] = []
         step = start_step
         for images, labels, sizes in loader:
-            # Copy this batch while the previous one trains (non-blocking from pinned memory).
-            pending.append((step, (images.to(self.device, non_blocking=pin),
-                                   labels.to(self.device, non_blocking=pin), sizes)))
+            # Copy this batch while the previous one trains (non-blocking from pinned memory). Encoded images stay
+            # on the host: the decoder takes host bytes and writes its output on the device.
+            if self.device_decode is None:
+                images = images.to(self.device, non_blocking=pin)
+            pending.append((step, (images, labels.to(self.device, non_blocking=pin), sizes)))
             step += 1
             if len(pending) > 1:
                 yield self._finish(*pending.pop(0))
@@ -273,8 +341,15 @@ class ShardLoader:
     def _finish(self, step: int, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels, sizes = batch
         boxes, flips = self._augment(step, sizes)
-        return crop_resize(images, boxes, flips, self.res_at(step), self.mean, self.std, self.dtype,
-                           self.channels_last), labels
+        res = self.res_at(step)
+        if self.device_decode is None:
+            return crop_resize(images, boxes, flips, res, self.mean, self.std, self.dtype, self.channels_last), labels
+        # Decoded at their own sizes: each image is cropped from itself (the same boxes as the Pillow path).
+        decoded = self.device_decode(images)  # b x (3, H, W) uint8
+        out = [crop_resize(img[None], boxes[k:k + 1], None if flips is None else flips[k:k + 1], res, self.mean,
+                           self.std, self.dtype, self.channels_last) for k, img in enumerate(decoded)]
+        x = torch.cat(out)
+        return (x.contiguous(memory_format=torch.channels_last) if self.channels_last else x), labels
 
 
 def eval_batches(dataset: ShardImages, *, batch_size: int, res: int, crop_ratio: float, device: torch.device,

@@ -43,7 +43,7 @@ import torch
 from speedrun import dist
 from speedrun.checkpoint import CheckpointError
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
-from speedrun.data.shard_loader import ShardLoader, eval_batches
+from speedrun.data.shard_loader import ShardLoader, device_decoder, eval_batches
 from speedrun.engine import (FiniteLossGuard, RunResult, Timer, rng_state, seed_everything, set_rng_state,
                              setup_system, stop_at_step_end)
 from speedrun.models.resnet import norm_and_bias_params, resnet
@@ -86,7 +86,8 @@ class ImagenetConfig(SystemConfig):
     label_smoothing: float = 0.1
     ema_decay: float = 0.0  # per step; 0 = off
     # Input (data/shard_loader.py)
-    decode_px: int = 256  # workers decode each image to this square
+    decoder: Literal["auto", "pillow", "nvjpeg"] = "auto"  # auto: nvJPEG (TorchCodec) on CUDA when installed
+    decode_px: int = 256  # Pillow workers decode each image to this square
     crop_min_scale: float = 0.08  # random-resized crop's smallest area fraction
     flip: bool = True
     progressive_resizing: bool = True  # off: train at max_res_px throughout
@@ -293,7 +294,8 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
                          mean=data.mean_t, std=data.std_t, res_at=lambda s: res_at(cfg, s, total_steps),
                          decode_px=cfg.decode_px, workers=cfg.workers, dtype=system.dtype,
                          channels_last=system.channels_last, flip=cfg.flip, scale=(cfg.crop_min_scale, 1.0),
-                         seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None)
+                         seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None,
+                         device_decode=device_decoder(cfg.decoder, device)[0])
     total_steps = loader.steps
     warmup_frac = min(1.0, cfg.warmup_epochs / cfg.epochs)
     if resume is not None:

@@ -18,7 +18,7 @@ import torch
 
 from speedrun import dist
 from speedrun.data.loader import steps_for
-from speedrun.data.shard_loader import ShardImages
+from speedrun.data.shard_loader import ShardImages, device_decoder
 from speedrun.errors import printable
 
 if TYPE_CHECKING:
@@ -160,8 +160,10 @@ def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str
 
 def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
     dist.check(cfg.batch_size, world, device, cfg.sync_bn)
-    warnings = []
-    if cfg.decode_px < cfg.max_res_px:
+    # decoder=nvjpeg without CUDA or TorchCodec is a ValueError; "auto" on CUDA without TorchCodec a note.
+    on_device, fallback = device_decoder(cfg.decoder, device)
+    warnings = [fallback] if fallback else []
+    if on_device is None and cfg.decode_px < cfg.max_res_px:  # Pillow workers decode to decode_px squares
         warnings.append(f"decode_px {cfg.decode_px} is below max_res_px {cfg.max_res_px}: training crops are "
                         "upsampled; raise decode_px (--set decode_px=...)")
     if cfg.batch_size > data.num_train:
