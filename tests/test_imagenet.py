@@ -227,7 +227,7 @@ JPEG = Path(os.environ.get("SPEEDRUN_CIFAR10_JPEG", Path(__file__).resolve().par
 def test_the_resnet18_recipe_learns_real_photographs_from_prepared_shards(tmp_path):
     """Issue 9, must-show 4 at test size: the first 300 train / 100 test images of each class of the JPEG copy of
     CIFAR-10, through `data prepare`, then the ResNet-18 recipe at width 16 and 32 px for 6 epochs. Measured
-    (BENCHMARKS.md): 31.67 +- 1.72% (n=3); chance is 10%."""
+    (BENCHMARKS.md): 41.03 +- 1.46% (n=3); chance is 10%."""
     if not JPEG.is_dir():
         if os.environ.get("CI"):
             pytest.fail(f"CI needs {JPEG} (shared/datasets/cifar10-jpeg beside the clone)")
@@ -245,7 +245,7 @@ def test_the_resnet18_recipe_learns_real_photographs_from_prepared_shards(tmp_pa
     result = train("imagenet-resnet18", str(tmp_path / "shards"), device="cpu", epochs=6, summary=False,
                    width=16, batch_size=128, decode_px=32, min_res_px=32, max_res_px=32, eval_res_px=32,
                    eval_crop_ratio=1.0, crop_min_scale=0.35, workers=2, lr_per_256=0.4, warmup_epochs=0.5)
-    assert result.runs[0].accuracy > 0.22
+    assert result.runs[0].accuracy > 0.3
 
 
 def test_a_killed_worker_resumes_mid_epoch_under_torchrun_and_ends_bitwise_equal(shards, tmp_path):
@@ -268,3 +268,21 @@ def test_a_killed_worker_resumes_mid_epoch_under_torchrun_and_ends_bitwise_equal
     step = int(Path(result["resumed_from"][0]).name.split("-")[2].split(".")[0])
     assert (step * 48) % 320 != 0 and 8 <= step < 80  # resumed in the middle of an epoch
     _assert_bitwise_equal(_weights(tmp_path / "model_a"), _weights(tmp_path / "model_b"))
+
+
+def test_evaluation_decodes_at_least_the_centre_crops_full_size(shards, monkeypatch):
+    """The evaluation images are decoded to a square no smaller than eval_res_px / eval_crop_ratio (a crop of
+    an 8-px decode upsampled to 256 px would score a blur)."""
+    assert imagenet.eval_decode_px(imagenet.resnet50()) == 293  # 256 / (224 / 256)
+    assert imagenet.eval_decode_px(imagenet.debug()) == 32
+    seen = []
+    real = imagenet.eval_batches
+
+    def spy(dataset, **kw):
+        seen.append(dataset.decode_px)
+        return real(dataset, **kw)
+
+    monkeypatch.setattr(imagenet, "eval_batches", spy)
+    cfg = imagenet_checks.with_epochs(dataclasses.replace(imagenet.debug(), eval_res_px=48, eval_crop_ratio=0.75), 0.2)
+    imagenet.train_run(cfg, imagenet_checks.load_data(str(shards)), torch.device("cpu"), seed=0)
+    assert seen == [64]

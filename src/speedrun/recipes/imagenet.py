@@ -43,7 +43,7 @@ import torch
 from speedrun import dist
 from speedrun.checkpoint import CheckpointError
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
-from speedrun.data.shard_loader import ShardLoader, device_decoder, eval_batches
+from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
 from speedrun.engine import (FiniteLossGuard, RunResult, Timer, rng_state, seed_everything, set_rng_state,
                              setup_system, stop_at_step_end)
 from speedrun.models.resnet import norm_and_bias_params, resnet
@@ -257,14 +257,21 @@ class TrainState:
                                   "or start afresh without --resume") from None
 
 
+def eval_decode_px(cfg: ImagenetConfig) -> int:
+    """The square the evaluation images are decoded to: at least the centre crop's full size, so that cropping
+    eval_crop_ratio of it leaves eval_res_px of detail (256 px / (224/256) = 293 px for ImageNet)."""
+    return min(1024, max(cfg.decode_px, math.ceil(cfg.eval_res_px / cfg.eval_crop_ratio)))
+
+
 def evaluate_top1(forward: Callable, data: ShardData, cfg: ImagenetConfig, system, world: dist.World) -> float:
     """Top-1 accuracy on the evaluation split, centre crop at eval_res_px, the mirror averaged in when tta_flip.
     Each process scores a contiguous part; the counts are summed."""
     n = data.num_eval
     part = slice(world.rank * n // world.size, (world.rank + 1) * n // world.size)
     counts = torch.zeros(2, dtype=torch.float64, device=system.device)  # correct, seen
+    images = ShardImages(data.root, data.eval_split, eval_decode_px(cfg))
     with torch.no_grad(), system.amp():
-        for inputs, labels in eval_batches(data.eval_images, batch_size=cfg.eval_batch_size, res=cfg.eval_res_px,
+        for inputs, labels in eval_batches(images, batch_size=cfg.eval_batch_size, res=cfg.eval_res_px,
                                            crop_ratio=cfg.eval_crop_ratio, device=system.device, mean=data.mean_t,
                                            std=data.std_t, dtype=system.dtype, channels_last=system.channels_last,
                                            workers=min(cfg.workers, 4), part=part):

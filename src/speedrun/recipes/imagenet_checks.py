@@ -42,7 +42,6 @@ class ShardData:
     classes: tuple[str, ...]
     num_train: int
     num_eval: int
-    eval_images: ShardImages
     mean_t: torch.Tensor
     std_t: torch.Tensor
 
@@ -100,7 +99,7 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
                              f"{len(classes)} classes; run speedrun data prepare again")
     return ShardData(name=SYNTHETIC if dataset == SYNTHETIC else root.name, root=str(root), train_split="train",
                      eval_split=evals[0], classes=classes, num_train=len(train), num_eval=len(evaluation),
-                     eval_images=evaluation, mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
+                     mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
