@@ -286,3 +286,14 @@ def test_evaluation_decodes_at_least_the_centre_crops_full_size(shards, monkeypa
     cfg = imagenet_checks.with_epochs(dataclasses.replace(imagenet.debug(), eval_res_px=48, eval_crop_ratio=0.75), 0.2)
     imagenet.train_run(cfg, imagenet_checks.load_data(str(shards)), torch.device("cpu"), seed=0)
     assert seen == [64]
+
+
+def test_a_saved_imagenet_model_predicts_and_eval_says_what_scores_it(shards, tmp_path):
+    from speedrun.saved import evaluate_saved, load
+
+    train("imagenet-debug", str(shards), device="cpu", summary=False, save=str(tmp_path / "m"))
+    model = load(tmp_path / "m", torch.device("cpu"))
+    top = model.predict(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8), top=3)
+    assert len(top) == 2 and all(len(t) == 3 and all(name.startswith("c") for name, _ in t) for t in top)
+    with pytest.raises(ValueError, match="speedrun eval scores data held in memory"):
+        evaluate_saved(tmp_path / "m", str(shards), device="cpu")
