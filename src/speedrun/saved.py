@@ -185,9 +185,9 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
     family = RECIPES[model.card["recipe"]].module()
     data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log or (lambda line: None))
     if not hasattr(data, "test_images"):  # a family that streams its evaluation split from shards (imagenet)
-        raise ValueError(f"speedrun eval scores data held in memory (the cifar family's); a model of {model.card['recipe']} "
-                         "model is scored by its training run's final evaluation, and `speedrun predict` takes "
-                         "its images")
+        raise ValueError(f"speedrun eval scores data held in memory (the cifar family's); a model of "
+                         f"{model.card['recipe']} is scored by its training run's final evaluation, and `speedrun "
+                         "predict` takes its images")
     (c, h, w), k = model.image_shape, len(model.classes)
     if data.image_shape != model.image_shape or data.num_classes != k:
         dc, dh, dw = data.image_shape
