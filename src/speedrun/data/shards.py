@@ -15,8 +15,10 @@ The index is hostile like any file from elsewhere: loaded without pickle and che
 
 from __future__ import annotations
 
+import ast
 import io
 import os
+import stat
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +29,8 @@ from speedrun.errors import printable
 
 INDEX_COLUMNS = ("shard", "offset", "size", "label")
 MAX_SAMPLE_BYTES = 64 * 2**20  # one prepared JPEG; a 512-px q95 image is well under 1 MiB
+MAX_SAMPLES = 2**28  # rows of one index (8 GiB of it): ImageNet-21k has 14 million images
+_MAX_HEADER_BYTES = 4096  # np.save writes 128 bytes for an (N, 4) int64 array
 
 
 def shard_name(split: str, number: int) -> str:
@@ -79,34 +83,84 @@ def write_split(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, s
         raise
 
 
+def _open_regular(path: Path) -> int:
+    """A read-only descriptor of a regular file: a FIFO (which would block open() and read() forever), a folder or
+    a device named like our file is an OSError, never a hang."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, "not a regular file", str(path))
+    return fd
+
+
+def _load_index(path: Path, where: str) -> np.ndarray:
+    """The (N, 4) int64 index in an .npy file, its header checked against the file's size before anything is
+    allocated (np.load allocates what the header claims: 29 TiB for a 128-byte file), never unpickled."""
+    fix = "run speedrun data prepare again"
+    try:
+        fd = _open_regular(path)
+    except OSError as e:
+        raise ValueError(f"cannot read the shard index {where} ({e.strerror or e}); {fix}") from None
+    with open(fd, "rb") as f:
+        try:
+            head = f.read(10)
+            if len(head) < 10 or head[:6] != b"\x93NUMPY" or head[6] not in (1, 2, 3):
+                raise ValueError("not an .npy file")
+            if head[6] == 1:
+                length, start = int.from_bytes(head[8:10], "little"), 10
+            else:
+                head += f.read(2)
+                length, start = int.from_bytes(head[8:12], "little"), 12
+            if length > _MAX_HEADER_BYTES:
+                raise ValueError(f"a header of {length:,} bytes")
+            header = ast.literal_eval(f.read(length).decode("latin1"))  # literals only: no code, no pickle
+            shape = header["shape"] if isinstance(header, dict) else None
+            if not (header.get("descr") == "<i8" and header.get("fortran_order") is False
+                    and isinstance(shape, tuple) and len(shape) == 2 and shape[1] == len(INDEX_COLUMNS)
+                    and type(shape[0]) is int and 0 <= shape[0] <= MAX_SAMPLES):
+                raise ValueError(f"{header.get('descr')}, shape {shape}; an index is (N, 4) little-endian int64")
+            body = shape[0] * 8 * len(INDEX_COLUMNS)
+            if os.fstat(fd).st_size != start + length + body:
+                raise ValueError(f"{os.fstat(fd).st_size:,} bytes where its header says "
+                                 f"{start + length + body:,}: cut or changed")
+            data = f.read(body)
+            if len(data) != body:
+                raise ValueError("it ended early")
+        except (OSError, ValueError, SyntaxError, MemoryError, RecursionError, KeyError, TypeError,
+                AttributeError) as e:
+            reason = " ".join(str(getattr(e, "strerror", None) or e).split())[:200]
+            raise ValueError(f"cannot read the shard index {where} ({reason}); {fix}") from None
+    return np.frombuffer(data, dtype="<i8").reshape(shape[0], len(INDEX_COLUMNS)).astype(np.int64)
+
+
 class Shards:
     """The samples of one split: `len(shards)`, `shards.label(i)`, `shards.read(i)` (the JPEG bytes)."""
 
     def __init__(self, root: str | os.PathLike, split: str):
         self.root, self.split = Path(root), split
         where = printable(str(self.root / f"{split}-index.npy"))
-        try:
-            index = np.load(self.root / f"{split}-index.npy", allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise ValueError(f"cannot read the shard index {where} ({e}); run speedrun data prepare again") from None
-        if index.dtype != np.int64 or index.ndim != 2 or index.shape[1] != len(INDEX_COLUMNS):
-            raise ValueError(f"{where} is not a shard index ({index.dtype}, shape {index.shape}); run speedrun "
-                             "data prepare again")
+        index = _load_index(self.root / f"{split}-index.npy", where)
         shards = sorted(set(index[:, 0].tolist())) if len(index) else []
-        sizes = {}  # each shard's size in bytes; -1 for a shard that is missing (or a negative number)
+        sizes = {}  # each shard's size in bytes; -1 for one that is missing, not a regular file, or numbered < 0
         for number in shards:
             try:
-                sizes[number] = os.stat(self.root / shard_name(split, number)).st_size if number >= 0 else -1
+                st = os.stat(self.root / shard_name(split, number)) if number >= 0 else None
+                sizes[number] = st.st_size if st is not None and stat.S_ISREG(st.st_mode) else -1
             except OSError:
                 sizes[number] = -1
-        shard, offset, size = index[:, 0], index[:, 1], index[:, 2]
+        shard, offset, size, label = index[:, 0], index[:, 1], index[:, 2], index[:, 3]
+        if len(index) and int(label.min()) < 0:
+            i = int(np.argmax(label < 0))
+            raise ValueError(f"{where}: sample {i} has label {int(label[i])}, below 0; the index was changed; run "
+                             "speedrun data prepare again")
         limit = np.array([sizes.get(s, -1) for s in shard.tolist()], dtype=np.int64)
-        bad = (offset < 0) | (size < 0) | (size > MAX_SAMPLE_BYTES) | (offset + size > limit) | (index[:, 3] < 0)
+        # offset > limit - size, not offset + size > limit: int64 sums of numbers from a file can wrap around.
+        bad = (offset < 0) | (size < 1) | (size > MAX_SAMPLE_BYTES) | (offset > limit - size)
         if bad.any():
             i = int(np.argmax(bad))
             raise ValueError(f"{where}: sample {i} points outside its shard ({shard_name(split, int(shard[i]))}, "
-                             f"offset {int(offset[i])}, size {int(size[i])}); the shards or the index were changed "
-                             "or cut; run speedrun data prepare again")
+                             f"offset {int(offset[i])}, size {int(size[i])}; missing, not a file, or shorter); the "
+                             "shards or the index were changed or cut; run speedrun data prepare again")
         self.index = index
         self._fds: dict[int, int] = {}
 
@@ -119,10 +173,16 @@ class Shards:
     def read(self, i: int) -> bytes:
         """Sample i's JPEG bytes: one positioned read in its shard (safe to share across threads)."""
         number, offset, size, _ = (int(v) for v in self.index[i])
-        fd = self._fds.get(number)
-        if fd is None:
-            fd = self._fds[number] = os.open(self.root / shard_name(self.split, number), os.O_RDONLY)
-        data = os.pread(fd, size, offset)
+        shown = printable(str(self.root / shard_name(self.split, number)))
+        try:
+            fd = self._fds.get(number)
+            if fd is None:
+                fd = _open_regular(self.root / shard_name(self.split, number))
+                self._fds[number] = fd
+            data = os.pread(fd, size, offset)
+        except OSError as e:
+            raise ValueError(f"cannot read sample {i} from {shown} ({e.strerror or e}); run speedrun data prepare "
+                             "again") from None
         if len(data) != size:
             raise ValueError(f"{printable(shard_name(self.split, number))} ended early at sample {i}; run speedrun "
                              "data prepare again")
