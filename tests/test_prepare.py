@@ -368,7 +368,8 @@ def test_imagenet_sample_once_each_with_its_wnid_label(tmp_path):
     assert warned == [] and [s.split for s in report.splits] == ["val"]
     rep = _split(report, "val")
     assert (rep.written, rep.skipped, rep.ignored) == (1000, [], 0)
-    assert rep.converted == {"L": 23} and rep.rotated == 3  # the folder's README: 23 grayscale; 3 phone photos
+    # 23 grayscale; 1 EXIF-rotated (orientation 6): 2 more carry orientation 0, which is no rotation
+    assert rep.converted == {"L": 23} and rep.rotated == 1
     assert json.loads((tmp_path / "dst" / "classes.json").read_text()) == wnids
     with Shards(tmp_path / "dst", "val") as shards:
         assert [shards.label(i) for i in range(len(shards))] == list(range(1000))  # one image per wnid, in order

@@ -40,6 +40,7 @@ SPLITS = ("train", "val", "test")
 # Prepared images waiting in memory at most: results come back in order, so a slow one holds the ones behind it.
 _IN_FLIGHT_BYTES = 256 * 2**20
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_pool_parent = 0  # the process that made the worker pool (worker_pool)
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,9 @@ def prepare_image(path: str, max_side_px: int, quality: int) -> Prepared:
                 rgb.thumbnail((max_side_px, max_side_px), Image.Resampling.LANCZOS)
             buf = io.BytesIO()
             rgb.save(buf, format="JPEG", quality=quality)
+            # exif_transpose applies 2 to 8 only; 0, 9, 65535 or a string in a hostile file change nothing.
             return Prepared(buf.getvalue(), rgb.width, rgb.height, source_format, source_mode,
-                            orientation not in (1, None), resized)
+                            orientation in range(2, 9), resized)
     except folder._Refused as e:  # whatever failed inside the block (a file that does not decode to its end too)
         raise ValueError(str(e)) from None
 
@@ -180,6 +182,20 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the command does, however it ends: concurrent.futures' idle workers wait on a queue whose
+    writing end they hold themselves, so after a SIGKILL of the command they would live on, holding its files (and
+    the DST lock, were they forked under it). Linux: the kernel sends SIGKILL when the parent dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if _pool_parent and os.getppid() != _pool_parent:  # the parent died before prctl took effect (fork only)
+        os._exit(1)
 
 
 @contextlib.contextmanager
@@ -190,6 +206,8 @@ def worker_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
     if workers == 0:
         yield None
         return
+    global _pool_parent
+    _pool_parent = os.getpid()  # what a forked worker compares its parent with
     context = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None  # no re-import per worker
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:

@@ -126,7 +126,7 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     for split, files in splits.items():
         listed, report = fingerprint(files), SplitReport(split, len(files), ignored[split])
         entry = old["splits"].get(split) if same else None
-        if entry is not None and entry["fingerprint"] == listed and _whole(dst_dir, split, entry["written"]):
+        if entry is not None and entry["fingerprint"] == listed and _whole(dst_dir, split, entry["written"], len(classes)):
             report.up_to_date, entries[split] = True, entry
             report.written, report.skipped_before, report.shards = entry["written"], entry["skipped"], entry["shards"]
         else:
@@ -143,19 +143,23 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
             _remove_stages(dst_dir)  # left by a run that was killed (SIGKILL, power loss): GBs, perhaps
         return Report(printable(str(dst)), classes, reports)
 
+    _check_targets(dst_dir, [MANIFEST, CLASSES, *(f"{split}-index.npy" for split, *_ in todo)])
     created = not dst_dir.exists()
     dst_dir.mkdir(parents=True, exist_ok=True)
     done = False
-    with _locked(dst_dir):
+    # The workers are forked before the lock is taken: a process forked while it is held shares it, and a worker
+    # outliving a killed run would keep every later run out ("another ... is writing") for as long as it lived.
+    with worker_pool(workers if todo else 0) as pool, _locked(dst_dir):
         _remove_stages(dst_dir)
         stage = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=dst_dir))
         try:
-            with worker_pool(workers if todo else 0) as pool:
-                for split, files, _, report in todo:
-                    log(f"{split}: preparing {len(files):,} images with {workers or 'no'} worker process(es)")
-                    _write_split(split, files, stage, report, pool, workers, settings, on_error, log)
+            for split, files, _, report in todo:
+                log(f"{split}: preparing {len(files):,} images with {workers or 'no'} worker process(es)")
+                _write_split(split, files, stage, report, pool, workers, settings, on_error, log)
             # Every new split is whole: move them in. The manifest first forgets them, so that a crash while moving
             # leaves splits the next run prepares again, never a manifest vouching for shards it does not describe.
+            _check_targets(dst_dir, [shards.shard_name(split, k) for split, _, _, report in todo
+                                     for k in range(report.shards)])
             if todo:
                 _write_json(dst_dir / MANIFEST, manifest)
             if not classes_ok:
@@ -202,15 +206,14 @@ def _paths(src: str | os.PathLike, dst: str | os.PathLike) -> tuple[Path, Path]:
 
 
 def _read_small(path: Path, limit: int) -> bytes | None:
-    """At most limit + 1 bytes of a regular file, or None: never blocks on a FIFO nor reads /dev/zero forever."""
+    """At most limit + 1 bytes of a regular file, or None: never blocks on a FIFO nor reads /dev/zero forever, and
+    a folder in the file's place is None too."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = shards._open_regular(path)
     except OSError:
         return None
     with open(fd, "rb") as f:  # closes fd
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
             return f.read(limit + 1)
         except OSError:
             return None
@@ -242,13 +245,32 @@ def _read_manifest(dst: Path) -> dict | None:
     return m
 
 
-def _whole(dst: Path, split: str, written: int) -> bool:
-    """The split's index and shards are there and agree (shards.Shards checks every offset against the sizes)."""
+def _whole(dst: Path, split: str, written: int, num_classes: int) -> bool:
+    """The split's index and shards are there and agree (shards.Shards checks every offset against the sizes), and
+    every label names one of the classes."""
     try:
         with shards.Shards(dst, split) as s:
-            return len(s) == written
+            return len(s) == written and (written == 0 or int(s.index[:, 3].max()) < num_classes)
     except ValueError:
         return False
+
+
+def _check_targets(dst: Path, names: list[str]) -> None:
+    """What this run writes or replaces in DST is not a folder: os.replace cannot put a file over one, and a folder
+    with one of our names is someone's (a file, link or FIFO there is replaced: it is ours, or holds no data).
+    Called before the run changes anything in DST, which the error leaves as it was."""
+    for name in names:
+        path = dst / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise ValueError(f"cannot check {printable(str(path))} ({folder._reason(e)}); fix it or choose another "
+                             "DST") from None
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"{printable(str(path))} is a folder, and speedrun data prepare writes its {name} "
+                             "there; move it out of DST (or choose another DST)")
 
 
 def _write_split(split: str, files: list[SourceFile], stage: Path, report: SplitReport,
