@@ -102,10 +102,18 @@ class PlainImages(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from speedrun.data import folder
         from speedrun.data.shard_loader import random_resized_boxes
 
-        with Image.open(self.paths[i]) as im:
-            rgb = im.convert("RGB")
+        # The original files are from elsewhere: opened as data/prepare.py opens them (JPEG or PNG, a regular
+        # file, the header's size checked before a pixel is decoded), each failure one ValueError naming the file.
+        # A stat and a header check: nothing next to a decode.
+        try:
+            with folder._opened(self.paths[i]) as im:
+                folder._check_header(self.paths[i], im, self.res)
+                rgb = im.convert("RGB")
+        except folder._Refused as e:
+            raise ValueError(f"--baseline: {e}") from None
         w, h = rgb.size
         # The box as torchvision's RandomResizedCrop draws it, from the global generator that DataLoader seeds
         # in each worker; fractions back to pixels (they are whole pixels divided by the size).

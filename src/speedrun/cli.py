@@ -27,10 +27,25 @@ EXIT_INTERNAL = 1
 _MAX_LINE = 1000  # characters of one error or warning line
 
 
+def _worker_message(text: str) -> str:
+    """The message of an exception raised in a DataLoader worker process. torch re-raises it in the main process
+    with the worker's whole traceback as its message ("Caught ValueError in DataLoader worker process 0.\nOriginal
+    Traceback ..."): the one line is the original message, the last lines after the traceback's indented frames,
+    without its "ValueError: " prefix."""
+    if "\nOriginal Traceback (most recent call last):" not in text:
+        return text
+    lines = text.splitlines()
+    last_frame = max(i for i, line in enumerate(lines) if line.startswith(" ") or i == 1)
+    message = "\n".join(lines[last_frame + 1:]).strip()
+    head, sep, rest = message.partition(": ")
+    return (rest if sep and head.replace(".", "").replace("_", "").isalnum() else message) or lines[0]
+
+
 def _one_line(text: object) -> str:
     """Newlines folded (tarfile's messages carry some), and cut in the middle past _MAX_LINE characters: a value
-    echoed back (a 100,000-character --dataset, say) must not make the one line a screenful."""
-    text = " ".join(str(text).split())
+    echoed back (a 100,000-character --dataset, say) must not make the one line a screenful. An error from a
+    DataLoader worker is its own message, not the worker's traceback."""
+    text = " ".join(_worker_message(str(text)).split())
     if len(text) <= _MAX_LINE:
         return text
     return f"{text[:_MAX_LINE // 2]} ...[{len(text) - _MAX_LINE + 200} characters]... {text[-(_MAX_LINE // 2 - 200):]}"

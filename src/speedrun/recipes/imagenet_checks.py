@@ -51,20 +51,40 @@ class ShardData:
 
 
 def _classes(root: Path) -> tuple[str, ...]:
+    """classes.json, a file from elsewhere: read at most MAX_CLASSES_BYTES of a regular file (a FIFO would block,
+    /dev/zero never end), and what it holds checked as prepare writes it: 2 to limits.MAX_CLASSES distinct,
+    non-empty, printable names."""
+    from speedrun.data import limits
+    from speedrun.data.shards import _open_regular
+
     path = root / "classes.json"
+    fix = "run speedrun data prepare again"
     try:
-        with open(path, "rb") as f:
+        fd = _open_regular(path)
+        with open(fd, "rb") as f:
             raw = f.read(MAX_CLASSES_BYTES + 1)
-        names = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_CLASSES_BYTES else None
+        if len(raw) > MAX_CLASSES_BYTES:
+            raise ValueError(f"over {MAX_CLASSES_BYTES:,} bytes")
+        names = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ValueError(f"{printable(str(root))} has no classes.json: it is not a folder written by speedrun data "
                          "prepare; run `speedrun data prepare SRC DST` and train on DST") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise ValueError(f"cannot read {printable(str(path))} ({type(e).__name__}); run speedrun data prepare "
-                         "again") from None
-    if not (isinstance(names, list) and 2 <= len(names) <= 100_000 and all(isinstance(n, str) for n in names)):
-        raise ValueError(f"{printable(str(path))} is not a list of 2 or more class names; run speedrun data "
-                         "prepare again")
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nested a million deep
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        if type(e) is ValueError:
+            reason = str(e)
+        raise ValueError(f"cannot read {printable(str(path))} ({reason}); {fix}") from None
+    if not (isinstance(names, list) and 2 <= len(names) <= limits.MAX_CLASSES
+            and all(isinstance(n, str) for n in names)):
+        raise ValueError(f"{printable(str(path))} is not a list of 2 to {limits.MAX_CLASSES:,} class names; {fix}")
+    bad = next((n for n in names if not n or printable(n) != n), None)
+    if bad is not None:
+        raise ValueError(f"{printable(str(path))} has the class name {printable(repr(bad))[:80]}: names are "
+                         f"non-empty and printable; {fix}")
+    seen: set[str] = set()
+    dup = next((n for n in names if n in seen or seen.add(n)), None)
+    if dup is not None:
+        raise ValueError(f"{printable(str(path))} names class {printable(dup)[:80]} twice; {fix}")
     return tuple(names)
 
 
@@ -93,6 +113,9 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
     train = ShardImages(str(root), "train", 8)
     evaluation = ShardImages(str(root), evals[0], 8)
     for split, part in (("train", train), (evals[0], evaluation)):
+        if len(part) == 0:  # before training: no steps to take, or an accuracy of 0 / 0
+            raise ValueError(f"{printable(str(root))}: the {split} split has no images; prepare a folder whose "
+                             f"{split}/ holds images")
         top = int(part.labels.max()) if len(part) else -1
         if top >= len(classes):
             raise ValueError(f"{printable(str(root))}: the {split} split has label {top} but classes.json names "
