@@ -297,3 +297,17 @@ def test_a_saved_imagenet_model_predicts_and_eval_says_what_scores_it(shards, tm
     assert len(top) == 2 and all(len(t) == 3 and all(name.startswith("c") for name, _ in t) for t in top)
     with pytest.raises(ValueError, match="speedrun eval scores data held in memory"):
         evaluate_saved(tmp_path / "m", str(shards), device="cpu")
+
+
+def test_on_a_cpu_the_family_trains_contiguous_unless_asked_and_refuses_the_crashing_layout(shards):
+    """torch 2.13's CPU backward crashes (SIGSEGV) on this ResNet at width 8, 224 px, in channels_last: auto is
+    contiguous on a CPU here (a step at 224 px runs), and channels_last=on at width < 16 is refused in one line."""
+    data = imagenet_checks.load_data(str(shards))
+    cfg = imagenet_checks.with_epochs(dataclasses.replace(imagenet.debug(), min_res_px=224, max_res_px=224,
+                                                          batch_size=8, eval_res_px=32), 0.025)
+    run = imagenet.train_run(cfg, data, torch.device("cpu"), seed=0)
+    stem = next(run.model.parameters())  # the 7x7 stem conv's weight, (8, 3, 7, 7)
+    assert run.steps == 1 and stem.ndim == 4 and not stem.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="channels_last=on with width=8 crashes"):
+        imagenet_checks.check(dataclasses.replace(cfg, channels_last="on"), data, torch.device("cpu"),
+                              imagenet.dist.World())

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from speedrun.data.loader import steps_for
 from speedrun.data.shards import Shards
@@ -75,8 +75,9 @@ def _opened(jpeg: bytes) -> Image.Image:
 
 
 def _unusable(where: str, e: Exception) -> ValueError:
-    return ValueError(f"{where} is not a usable JPEG ({' '.join(str(e).split())[:200]}); run speedrun data prepare "
-                      "again")
+    # Pillow names its in-memory file in this one ("<_io.BytesIO object at 0x...>"): no help to anyone.
+    why = "not a JPEG" if isinstance(e, UnidentifiedImageError) else " ".join(str(e).split())[:200]
+    return ValueError(f"{where} is not a usable JPEG ({why}); run speedrun data prepare again")
 
 
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

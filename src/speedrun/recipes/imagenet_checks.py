@@ -182,6 +182,10 @@ def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str
 
 def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
     dist.check(cfg.batch_size, world, device, cfg.sync_bn)
+    if device.type == "cpu" and cfg.channels_last == "on" and cfg.width < 16:
+        raise ValueError(f"channels_last=on with width={cfg.width} crashes torch's CPU kernels (a segfault in the "
+                         "backward pass at 224 px and up, measured with torch 2.13); use width >= 16 or "
+                         "channels_last=auto (contiguous on a CPU for this family)")
     # decoder=nvjpeg without CUDA or TorchCodec is a ValueError; "auto" on CUDA without TorchCodec a note.
     on_device, fallback = device_decoder(cfg.decoder, device)
     warnings = [fallback] if fallback else []
