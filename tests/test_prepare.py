@@ -379,3 +379,21 @@ def test_imagenet_sample_once_each_with_its_wnid_label(tmp_path):
     before = _files(tmp_path / "dst")
     report, _ = _prepare(IMAGENET_SAMPLE, tmp_path / "dst", workers=2)
     assert report.up_to_date and _files(tmp_path / "dst") == before
+
+
+def test_a_16_bit_grayscale_png_is_scaled_to_8_bits_not_clipped(tmp_path):
+    """ImageNet-class trees hold 16-bit grayscale PNGs now and then; they become RGB with value v / 257."""
+    import numpy as np
+    from PIL import Image
+
+    from speedrun.data.prepare import prepare_image
+
+    ramp = (np.arange(64, dtype=np.uint16)[None, :].repeat(8, 0) * 1040)  # 0 .. 65520
+    path = tmp_path / "deep.png"
+    Image.fromarray(ramp).save(path)
+    assert Image.open(path).mode in ("I;16", "I")
+    out = prepare_image(str(path), 256, 100)
+    with Image.open(__import__("io").BytesIO(out.jpeg)) as im:
+        got = np.asarray(im.convert("RGB"), dtype=np.float64)[..., 0]
+    assert out.source_mode in ("I;16", "I") and got.shape == (8, 64)
+    assert np.abs(got - ramp / 257.0).max() < 4  # JPEG at quality 100; clipping would leave 255 from column 1 on

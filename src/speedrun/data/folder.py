@@ -183,8 +183,13 @@ def _opened(path: str) -> Iterator[Image.Image]:
         raise _Refused(f"cannot read {shown} ({_reason(e)}); delete or replace it") from None
 
 
-def _check_header(path: str, im: Image.Image, image_size: int | None) -> None:
-    """Refuse by the header's claim alone: Image.open has read no pixel yet."""
+# Pillow's modes for a 16-bit grayscale PNG (I;16 from Pillow 10 on; I, 32-bit, before).
+GREY_16BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
+
+
+def _check_header(path: str, im: Image.Image, image_size: int | None, grey_16bit: bool = False) -> None:
+    """Refuse by the header's claim alone: Image.open has read no pixel yet. grey_16bit: 16-bit grayscale is
+    accepted (data prepare scales it to 8 bits)."""
     w, h = im.size
     if w * h > limits.MAX_SOURCE_PIXELS or max(w, h) > limits.MAX_SOURCE_SIDE_PX:
         raise _Refused(f"{printable(path)} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
@@ -197,7 +202,7 @@ def _check_header(path: str, im: Image.Image, image_size: int | None) -> None:
     if image_size is None and max(w, h) > limits.MAX_IMAGE_SIDE_PX:
         raise _Refused(f"{printable(path)} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
                        "resizing; pass image_size (--image-size N) to resize every image to N x N")
-    if im.mode.startswith(("I", "F")):
+    if im.mode.startswith(("I", "F")) and not (grey_16bit and im.mode in GREY_16BIT_MODES):
         raise _Refused(f"{printable(path)} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
 
 

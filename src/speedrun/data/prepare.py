@@ -31,6 +31,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageOps
 
 from speedrun.data import folder, limits
@@ -77,7 +78,7 @@ def prepare_image(path: str, max_side_px: int, quality: int) -> Prepared:
     check_settings(max_side_px, quality)
     try:
         with folder._opened(path) as im:  # JPEG or PNG by content, the file checked
-            folder._check_header(path, im, max_side_px)
+            folder._check_header(path, im, max_side_px, grey_16bit=True)
             source_format, source_mode = im.format, im.mode
             # JPEG only: decode at 1/2, 1/4 or 1/8 scale while the longer side stays >= max_side_px.
             if max(im.size) > max_side_px:
@@ -85,6 +86,9 @@ def prepare_image(path: str, max_side_px: int, quality: int) -> Prepared:
                 im.draft("RGB", (max(1, round(im.width * scale)), max(1, round(im.height * scale))))
             orientation = im.getexif().get(0x0112, 1)  # EXIF Orientation
             upright = ImageOps.exif_transpose(im)
+            if upright.mode in folder.GREY_16BIT_MODES:  # 16-bit grayscale: scaled to 8 bits (convert would clip)
+                deep = np.asarray(upright).astype(np.float64)  # (H, W); values 0 .. 65535
+                upright = Image.fromarray(np.clip(np.rint(deep / 257.0), 0, 255).astype(np.uint8), "L")
             rgb = upright.convert("RGB") if upright.mode != "RGB" else upright  # L, CMYK, P, RGBA, LA ...
             resized = max(rgb.size) > max_side_px
             if resized:  # exif_transpose returned a copy: thumbnail (in place) leaves the file's image alone
