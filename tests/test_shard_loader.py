@@ -150,16 +150,22 @@ def test_a_sample_that_is_not_a_jpeg_is_named(tmp_path):
         data[1]
 
 
-def test_a_bomb_jpeg_header_is_refused_before_decoding(tmp_path):
-    # A JPEG whose header claims 65,000 x 65,000 px: refused by its size, no pixel decoded.
+def _bomb_jpeg(side_px: int) -> bytes:
+    """An 8 x 8 JPEG whose frame header (SOF0) claims side_px x side_px."""
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, "JPEG")
     data = bytearray(buf.getvalue())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = (65000).to_bytes(2, "big") * 2
-    write_split([(bytes(data), 0)], tmp_path, "train")
-    with pytest.raises(ValueError, match="not a usable JPEG"):
-        ShardImages(str(tmp_path), "train", 16)[0]
+    data[sof + 5:sof + 9] = side_px.to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+@pytest.mark.parametrize("raw", [False, True])  # the Pillow workers, and the workers feeding a device decoder
+def test_a_bomb_jpeg_header_is_refused_before_decoding(tmp_path, raw):
+    # A JPEG whose header claims 65,000 x 65,000 px: refused by its size, no pixel decoded.
+    write_split([(_bomb_jpeg(65000), 0)], tmp_path, "train")
+    with pytest.raises(ValueError, match="sample 0 of train .* is not a usable JPEG"):
+        ShardImages(str(tmp_path), "train", 16, raw=raw)[0]
 
 
 def test_settings_out_of_range_are_refused(shards):
@@ -203,17 +209,6 @@ def test_the_device_decode_path_gets_checked_bytes_and_yields_what_the_pillow_pa
         assert torch.allclose(x, dx, atol=0.05)  # standardized units: 0.05 x 0.25 x 255 = 3 grey levels (JPEG)
         assert dx.is_contiguous(memory_format=torch.channels_last)
     assert calls == [4] * cpu.steps
-
-
-def test_the_device_decode_path_refuses_a_bomb_header_in_the_workers(tmp_path):
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8)).save(buf, "JPEG")
-    data = bytearray(buf.getvalue())
-    sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
-    write_split([(bytes(data), 0)], tmp_path, "train")
-    with pytest.raises(ValueError, match="sample 0 of train .* is not a usable JPEG"):
-        ShardImages(str(tmp_path), "train", 16, raw=True)[0]
 
 
 def test_device_decoder_choices_and_the_fallback_note():

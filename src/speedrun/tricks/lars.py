@@ -42,6 +42,22 @@ def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([n.to(torch.promote_types(n.dtype, torch.float32)) for n in torch._foreach_norm(tensors)])
 
 
+def _closure_loss(closure):
+    """torch.optim's step(closure) contract: the closure re-evaluates the loss with gradients on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def _groups_with_grads(opt: torch.optim.Optimizer):
+    """(group, its parameters that have a gradient, those gradients) for each group with any."""
+    for group in opt.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if params:
+            yield group, params, [p.grad for p in params]
+
+
 def _check(name: str, value: float, low: float, high: float = float("inf")) -> None:
     if not low <= value < high:
         raise ValueError(f"{name} must be in [{low}, {high}), got {value}")
@@ -64,15 +80,8 @@ class Lars(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
+        loss = _closure_loss(closure)
+        for group, params, grads in _groups_with_grads(self):
             lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
             # d = g + wd*w, computed as torch.optim.SGD does (grad.add(param, alpha=wd)) so that groups match it
             d = torch._foreach_add(grads, params, alpha=wd) if wd != 0 else grads
@@ -106,15 +115,8 @@ class Lamb(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
+        loss = _closure_loss(closure)
+        for group, params, grads in _groups_with_grads(self):
             (b1, b2), lr, wd, eps = group["betas"], group["lr"], group["weight_decay"], group["eps"]
             for p in params:
                 state = self.state[p]
