@@ -165,3 +165,15 @@ def test_the_baseline_crops_resizes_and_flips_in_pillow(tmp_path):
         bright_left += int(left > right)
     assert spanning > 50  # crops across the seam show which way the image faces
     assert 0.3 < bright_left / spanning < 0.7  # mirrored about half the time (never, without the flip)
+
+
+def test_decoder_nvjpeg_without_cuda_is_one_line(tmp_path, capsys):
+    root = tmp_path / "s"
+    root.mkdir()
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 20)).save(buf, "JPEG")
+    write_split([(buf.getvalue(), 0)] * 4, root, "train")
+    code = main(["bench-loader", str(root), "--device", "cpu", "--decoder", "nvjpeg", "--runs", "1",
+                 "--batches", "1", "--batch", "2", "--workers", "0", "--res", "16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "needs a CUDA device" in err[0]

@@ -140,12 +140,12 @@ def plain_batches(dataset: PlainImages, *, batch: int, steps: int, workers: int,
 
 
 def our_batches(root: Path, split: str, *, batch: int, steps: int, workers: int, res: int, decode_px: int,
-                device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                device: torch.device, seed: int, device_decode=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     from speedrun.data.shard_loader import ShardLoader
 
     loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / _count(root, split),
                          device=device, mean=MEAN, std=STD, res_at=lambda step: res, decode_px=decode_px,
-                         workers=workers, seed=seed)
+                         workers=workers, seed=seed, device_decode=device_decode)
     assert loader.steps == steps, (loader.steps, steps)
     return loader.batches(0)
 
@@ -182,7 +182,7 @@ def measure(batches: Iterator, *, warmup: int, count: int, res: int, device: tor
 
 def bench_loader(root: str, *, split: str | None = None, workers: list[int], res: list[int], batch: int,
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
-                 seed: int = 0, log: Callable[[str], None] = print) -> dict:
+                 seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print) -> dict:
     """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
     from speedrun.results import environment
 
@@ -193,6 +193,11 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                                    ("--runs", runs, 1, 1000), ("--decode-px", decode_px, 8, 1024)):
         _check(name, value, low, high)
     dev = resolve_device(device)
+    from speedrun.data.shard_loader import device_decoder
+
+    on_device, note = device_decoder(decoder, dev)  # nvJPEG through TorchCodec on CUDA, else the Pillow workers
+    if note:
+        log(f"note: {note}")
     plain = baseline_files(Path(baseline), split) if baseline is not None else None
     settings = [(p, w, r) for w in workers for r in res for p in PIPELINES if p == "ours" or plain is not None]
     rows = {s: [] for s in settings}
@@ -203,7 +208,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
             steps = 1 + warmup + batches + 2 * w + 3  # and leave some unread: the end of the data is not timed
             if pipeline == "ours":
                 it = our_batches(root_path, split, batch=batch, steps=steps, workers=w, res=r,
-                                 decode_px=decode_px, device=dev, seed=seed + rnd)
+                                 decode_px=decode_px, device=dev, seed=seed + rnd, device_decode=on_device)
             else:
                 it = plain_batches(PlainImages(*plain, r), batch=batch, steps=steps, workers=w, device=dev,
                                    seed=seed + rnd)
@@ -215,6 +220,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     report = {"benchmark": "bench_loader", "dir": str(root), "split": split, "images": n, "baseline": baseline,
               "baseline_images": None if plain is None else len(plain[0]), "batch": batch, "batches": batches,
               "runs": runs, "decode_px": decode_px, "device": dev.type, "timed_region": TIMED_REGION,
+              "decoder": "pillow" if on_device is None else "nvjpeg",
               "environment": environment(dev), "cpu_count": os.cpu_count(),
               "load_average": {"before": list(load_before), "after": list(os.getloadavg())}, "order": order,
               "settings": []}
@@ -280,7 +286,8 @@ def bench_loader_command(args, argv: list[str] | None = None) -> int:
     try:
         report = bench_loader(args.dir, split=args.split, workers=workers, res=res, batch=args.batch,
                               batches=args.batches, runs=args.runs, decode_px=args.decode_px, device=args.device,
-                              baseline=args.baseline, log=lambda line: print(line, file=sys.stderr))
+                              baseline=args.baseline, decoder=args.decoder,
+                              log=lambda line: print(line, file=sys.stderr))
         report["command"] = " ".join(["speedrun", *(sys.argv[1:] if argv is None else argv)])
         if path is not None:
             write_json(path, report)

@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--decode-px", type=int, default=256, metavar="PX",
                     help="ours: the square the workers decode to (default 256)")
     bl.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    bl.add_argument("--decoder", choices=("auto", "pillow", "nvjpeg"), default="auto",
+                    help="ours: auto decodes with nvJPEG (TorchCodec, the [gpu] extra) on CUDA, else Pillow workers")
     bl.add_argument("--baseline", default=None, metavar="SRC",
                     help="the original JPEGs (class folders or a train/val tree): each setting is also measured "
                          "with Pillow + torch DataLoader over them, and the ratio shown")
