@@ -54,6 +54,27 @@ class CheckpointError(ValueError):
         self.reason = reason or message
 
 
+@contextlib.contextmanager
+def restoring():
+    """Around a TrainState.load_state_dict: a checkpoint's checksum proves it whole, not well-formed, so anything
+    that does not fit this run (a missing key, a wrong shape or type) becomes one CheckpointError line."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+        raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
+                              "or start afresh without --resume") from None
+
+
+def load_optimizer(opt: torch.optim.Optimizer, saved: dict) -> None:
+    """opt.load_state_dict(saved), then every buffer of a parameter checked to have its shape (PyTorch checks
+    group sizes, not buffer shapes: a momentum of another shape would fail mid-step, or broadcast silently)."""
+    opt.load_state_dict(saved)
+    for p, buffers in opt.state.items():
+        if any(isinstance(b, torch.Tensor) and b.ndim and b.shape != p.shape for b in buffers.values()):
+            raise ValueError("an optimizer buffer's shape is not its parameter's")
+
+
 class _Unusable(Exception):  # why a file cannot be used; load_checkpoint adds the file's name and the fix
     pass
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from speedrun import dist
-from speedrun.checkpoint import CheckpointError
+from speedrun.checkpoint import load_optimizer, restoring
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
@@ -277,15 +277,12 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
         """Restore from a checkpoint's state. A checkpoint is a file from elsewhere: its checksum proves it whole,
         not well-formed, so every part is checked against this run before use (CheckpointError, one line)."""
-        try:
+        with restoring():
             self.model.load_state_dict(state["model"])  # copies into the live tensors: Lookahead's views stay valid
             if len(state["optimizers"]) != len(self.optimizers):
                 raise ValueError(f"{len(state['optimizers'])} optimizer states for {len(self.optimizers)} optimizers")
             for opt, saved in zip(self.optimizers, state["optimizers"]):
-                opt.load_state_dict(saved)
-                for p, buffers in opt.state.items():  # momentum buffers: the shape of their parameter
-                    if any(isinstance(b, torch.Tensor) and b.ndim and b.shape != p.shape for b in buffers.values()):
-                        raise ValueError("an optimizer buffer's shape is not its parameter's")
+                load_optimizer(opt, saved)
             if self.lookahead is not None:
                 slow = state["lookahead"]
                 if [t.shape for t in slow] != [t.shape for t in self.lookahead.slow]:
@@ -301,10 +298,6 @@ class TrainState:
             self.step, self.whiten_bias_frozen = step, state["whiten_bias_frozen"]
             self.seconds, self.epochs_done, self.history, self.last_batch = seconds, done, list(history), last
             set_rng_state(state["rng"])
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
-            raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
-                                  f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
-                                  "or start afresh without --resume") from None
 
 
 def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,

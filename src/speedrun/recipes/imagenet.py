@@ -41,7 +41,7 @@ from typing import Any, Literal
 import torch
 
 from speedrun import dist
-from speedrun.checkpoint import CheckpointError
+from speedrun.checkpoint import load_optimizer, restoring
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
 from speedrun.engine import (FiniteLossGuard, RunResult, Timer, rng_state, seed_everything, set_rng_state,
@@ -234,12 +234,10 @@ class TrainState:
                 "rng": rng_state()}
 
     def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
-        try:
+        """Restore from a checkpoint's state, each part checked against this run (CheckpointError, one line)."""
+        with restoring():
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            for p, buffers in self.optimizer.state.items():
-                if any(isinstance(b, torch.Tensor) and b.ndim and b.shape != p.shape for b in buffers.values()):
-                    raise ValueError("an optimizer buffer's shape is not its parameter's")
+            load_optimizer(self.optimizer, state["optimizer"])
             if (self.ema is None) != (state["ema"] is None):
                 raise ValueError("the checkpoint's EMA setting is not this run's")
             if self.ema is not None:
@@ -251,10 +249,6 @@ class TrainState:
                 raise ValueError("step, timed seconds or history out of range")
             self.step, self.seconds, self.epochs_done, self.history = step, seconds, done, list(history)
             set_rng_state(state["rng"])
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
-            raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
-                                  f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
-                                  "or start afresh without --resume") from None
 
 
 def eval_decode_px(cfg: ImagenetConfig) -> int:
