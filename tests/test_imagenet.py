@@ -25,25 +25,9 @@ from speedrun.runs import train
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
-def _shards(root: Path, n_train: int, n_val: int, classes: int) -> Path:
-    """Learnable 32-px shards: each class its own colour plus noise (as imagenet_checks' synthetic set)."""
-    rng = np.random.default_rng(0)
-    colours = rng.integers(0, 256, (classes, 3))
-    for split, n in (("train", n_train), ("val", n_val)):
-        samples = []
-        for i in range(n):
-            pixels = np.clip(colours[i % classes] + rng.normal(0, 40, (32, 32, 3)), 0, 255).astype(np.uint8)
-            buf = io.BytesIO()
-            Image.fromarray(pixels).save(buf, "JPEG")
-            samples.append((buf.getvalue(), i % classes))
-        write_split(samples, root, split)
-    (root / "classes.json").write_text(json.dumps([f"c{k}" for k in range(classes)]))
-    return root
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return _shards(tmp_path_factory.mktemp("inet"), 320, 80, 10)
+    return imagenet_checks.write_synthetic_shards(tmp_path_factory.mktemp("inet"), 320, 80)
 
 
 def test_the_debug_recipe_learns_from_shards_well_above_chance(shards):

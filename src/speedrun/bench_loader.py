@@ -139,11 +139,13 @@ def plain_batches(dataset: PlainImages, *, batch: int, steps: int, workers: int,
         yield (x - mean) / std, labels.to(device, non_blocking=pin)
 
 
-def our_batches(root: Path, split: str, *, batch: int, steps: int, workers: int, res: int, decode_px: int,
-                device: torch.device, seed: int, device_decode=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, workers: int, res: int,
+                decode_px: int, device: torch.device, seed: int,
+                device_decode=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """ShardLoader's batches, `steps` of them over the split's `images` (counted once by the caller)."""
     from speedrun.data.shard_loader import ShardLoader
 
-    loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / _count(root, split),
+    loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / images,
                          device=device, mean=MEAN, std=STD, res_at=lambda step: res, decode_px=decode_px,
                          workers=workers, seed=seed, device_decode=device_decode)
     assert loader.steps == steps, (loader.steps, steps)
@@ -207,7 +209,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
             warmup = 2 * w + 2  # a DataLoader keeps 2 batches per worker in flight: drain what start-up filled
             steps = 1 + warmup + batches + 2 * w + 3  # and leave some unread: the end of the data is not timed
             if pipeline == "ours":
-                it = our_batches(root_path, split, batch=batch, steps=steps, workers=w, res=r,
+                it = our_batches(root_path, split, images=n, batch=batch, steps=steps, workers=w, res=r,
                                  decode_px=decode_px, device=dev, seed=seed + rnd, device_decode=on_device)
             else:
                 it = plain_batches(PlainImages(*plain, r), batch=batch, steps=steps, workers=w, device=dev,

@@ -18,7 +18,8 @@ import torch
 
 from speedrun import dist
 from speedrun.data.loader import steps_for
-from speedrun.data.shard_loader import ShardImages, device_decoder
+from speedrun.data.shard_loader import device_decoder
+from speedrun.data.shards import Shards
 from speedrun.errors import printable
 
 if TYPE_CHECKING:
@@ -110,47 +111,53 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
     if not (root / "train-index.npy").exists() or not evals:
         raise ValueError(f"{printable(str(root))} needs a train split and a val or test split (train-index.npy, "
                          "val-index.npy); prepare a folder with train/ and val/ (or test/)")
-    train = ShardImages(str(root), "train", 8)
-    evaluation = ShardImages(str(root), evals[0], 8)
-    for split, part in (("train", train), (evals[0], evaluation)):
-        if len(part) == 0:  # before training: no steps to take, or an accuracy of 0 / 0
+    counts = []
+    for split in ("train", evals[0]):
+        with Shards(root, split) as shards:  # the index only (checked against the shards); nothing decoded
+            labels = shards.index[:, 3]
+        if len(labels) == 0:  # before training: no steps to take, or an accuracy of 0 / 0
             raise ValueError(f"{printable(str(root))}: the {split} split has no images; prepare a folder whose "
                              f"{split}/ holds images")
-        top = int(part.labels.max()) if len(part) else -1
-        if top >= len(classes):
-            raise ValueError(f"{printable(str(root))}: the {split} split has label {top} but classes.json names "
-                             f"{len(classes)} classes; run speedrun data prepare again")
+        if int(labels.max()) >= len(classes):
+            raise ValueError(f"{printable(str(root))}: the {split} split has label {int(labels.max())} but "
+                             f"classes.json names {len(classes)} classes; run speedrun data prepare again")
+        counts.append(len(labels))
     return ShardData(name=SYNTHETIC if dataset == SYNTHETIC else root.name, root=str(root), train_split="train",
-                     eval_split=evals[0], classes=classes, num_train=len(train), num_eval=len(evaluation),
+                     eval_split=evals[0], classes=classes, num_train=counts[0], num_eval=counts[1],
                      mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
-    """10 classes of 32-px images, each class its own colour with noise (learnable in a few steps), 640 train /
-    160 val, written once as shards (the writes are atomic: a killed run leaves no half split)."""
-    from PIL import Image
-
-    from speedrun.data.shards import write_split
-    from speedrun.results import write_text
-
+    """imagenet-debug's data: write_synthetic_shards(640, 160) made once in the data cache."""
     root = cache / "imagenet-synthetic-v1"
     if (root / "classes.json").exists() and (root / "val-index.npy").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
     log(f"writing synthetic shards to {root}")
+    return write_synthetic_shards(root, 640, 160)
+
+
+def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 10) -> Path:
+    """`classes` classes of 32-px images, each class its own colour with noise (learnable in a few steps), as
+    train and val shards and classes.json in `root` (the writes are atomic: a killed run leaves no half split)."""
+    from PIL import Image
+
+    from speedrun.data.shards import write_split
+    from speedrun.results import write_text
+
     rng = np.random.default_rng(0)
-    colours = rng.integers(0, 256, (10, 3))
-    for split, n in (("train", 640), ("val", 160)):
+    colours = rng.integers(0, 256, (classes, 3))
+    for split, n in (("train", n_train), ("val", n_val)):
         def samples(n=n):
             for i in range(n):
-                label = i % 10
+                label = i % classes
                 noise = rng.normal(0, 40, (32, 32, 3))
                 pixels = np.clip(colours[label] + noise, 0, 255).astype(np.uint8)
                 buf = io.BytesIO()
                 Image.fromarray(pixels).save(buf, "JPEG", quality=90)
                 yield buf.getvalue(), label
         write_split(samples(), root, split)
-    write_text(root / "classes.json", json.dumps([f"class{k}" for k in range(10)]), 0o644)
+    write_text(root / "classes.json", json.dumps([f"class{k}" for k in range(classes)]), 0o644)
     return root
 
 
