@@ -185,11 +185,16 @@ def test_two_processes_train_the_debug_recipe_under_torchrun(shards, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDRUN_DATA=str(tmp_path / "cache"),
                SPEEDRUN_RESULTS=str(tmp_path / "results"))
     done = subprocess.run([*TORCHRUN, "-m", "speedrun", "train", "imagenet-debug", "--dataset", str(shards),
-                           "--epochs", "4", "--device", "cpu", "--quiet", "--json", "two.json"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                           "--epochs", "4", "--device", "cpu", "--quiet", "--json", "two.json", "--db", "two.db"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "two.json").read_text())
     assert result["world"]["processes"] == 2 and result["runs"][0]["accuracy"] > 0.6
+    from speedrun import db
+
+    with db.connect(tmp_path / "two.db") as conn:  # rank 0 alone stores: one row, the job's
+        [row] = db.query(conn)
+        assert db.get_result(conn, row["id"])["world"]["processes"] == 2
 
 
 def test_the_cli_refuses_what_is_not_prepared_shards_in_one_line(tmp_path, capsys, monkeypatch):

@@ -183,6 +183,8 @@ def ablate_command(args, argv: list[str]) -> int:
     from speedrun.bench import diverged_exit
 
     report, path, stored = run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
+    if path is None:  # a torchrun process other than rank 0
+        return diverged_exit(report, quiet=True)
     print("\n".join(_waterfall_lines(report) if order is not None else _lines(report)))
     print(f"report: {path} (stored as #{stored})", file=sys.stderr)
     return diverged_exit(report)

@@ -55,11 +55,11 @@ def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
     return out
 
 
-def measured_run(family, cfg, data, dev, seed: int, name: str, log) -> RunResult:
-    """One training run of a benchmark: a divergence is a run too (its step, no accuracy), and the model is
-    dropped (a benchmark keeps numbers, not weights)."""
+def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) -> RunResult:
+    """One training run of a benchmark (by every process of `world` under torchrun): a divergence is a run too
+    (its step, no accuracy), and the model is dropped (a benchmark keeps numbers, not weights)."""
     try:
-        run = family.train_run(cfg, data, dev, seed)
+        run = family.train_run(cfg, data, dev, seed, world=world)
     except Diverged as e:
         log(f"warning: {name}, seed {seed}: {e}")
         run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
@@ -93,30 +93,36 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     base = settings[0][2]
     if len(settings) == 1:
         raise ValueError("every --vary value equals the baseline's; give values that change the config")
-    dev = resolve_device(device)
+    world = runner.dist.from_env()
+    dev = runner.dist.device_for(world, resolve_device(device))
     dataset = rec.default_dataset if dataset is None else dataset
-    data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
-    for _, _, cfg in settings:
-        family.check(cfg, data, dev, runner.dist.World())
-    warmups = {name: family.warmup(cfg, data, dev) for name, _, cfg in settings}
+    world = runner.dist.init(world, dev)  # under torchrun every run is one run of all K processes (runs.train's)
     results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
     order = []
-    interrupt = None
+    interrupt, clean = None, False
     try:
-        for r in range(runs):
-            for name, _, cfg in settings:
-                log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
-                results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log))
-                order.append({"round": r, "setting": name, "seed": seed + r})
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
-        if not order:
-            raise
-        interrupt = e
+        data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
+        for _, _, cfg in settings:
+            family.check(cfg, data, dev, world)
+        warmups = {name: family.warmup(cfg, data, dev, world) for name, _, cfg in settings}
+        try:
+            for r in range(runs):
+                for name, _, cfg in settings:
+                    log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
+                    results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world))
+                    order.append({"round": r, "setting": name, "seed": seed + r})
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
+            if not order:
+                raise
+            interrupt = e
+        clean = interrupt is None or getattr(interrupt, "in_step", False)
+    finally:
+        runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
     env = environment(dev)
     base_name = settings[0][0]
     base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
-              "complete": interrupt is None, "interrupted": interrupt is not None,
+              "world": world.to_dict(), "complete": interrupt is None, "interrupted": interrupt is not None,
               "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
@@ -129,7 +135,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                                        config=dataclasses.asdict(cfg), runs=results[name], environment=env,
                                        runs_requested=runs, complete=interrupt is None,
                                        interrupted=interrupt is not None, timed_region=family.timed_region(cfg),
-                                       command=f"bench {name}").to_dict()
+                                       world=world.to_dict(), command=f"bench {name}").to_dict()
                          for name, _, cfg in settings]
     return report
 
@@ -172,16 +178,25 @@ def ratio_text(test: dict) -> str:
     return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"
 
 
-def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, int]:
+def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | None, int | None]:
     """What `bench` and `ablate` share: the database opened and the report file claimed first (a bad --db or an
     existing --json fails before any training), then `make(log)` trains and returns the report; every setting's
-    result and the report are stored, and the report written. Returns (report, path, stored id)."""
+    result and the report are stored, and the report written. Returns (report, path, stored id).
+
+    Under torchrun every process trains (make) and rank 0 alone logs, stores and writes; the others return
+    (report, None, None) and print nothing."""
     import sys
 
-    from speedrun import db, runs
+    from speedrun import db, dist, runs
     from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
                                   write_json)
 
+    if not dist.from_env().is_main:
+        report = make(lambda line: None)
+        interrupt = report.pop("_interrupt", None)
+        if interrupt is not None:
+            raise interrupt
+        return report, None, None
     conn = db.connect(args.db)
     path = (claim_result_path(args.json) if args.json else
             default_result_path(f"{kind}-{args.recipe}", args.dataset or "default"))
@@ -189,7 +204,7 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path, i
     try:
         report = make(lambda line: print(line, file=sys.stderr))
         interrupt = report.pop("_interrupt", None)
-        report["command"] = " ".join(["speedrun", *argv])
+        report["command"] = dist.command_line(argv)
         with runs._signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)
             for result in report["results"]:
@@ -222,6 +237,8 @@ def bench_command(args, argv: list[str]) -> int:
     report, path, stored = run_and_store(args, argv, "bench", lambda log: bench(
         args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
         epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
+    if path is None:  # a torchrun process other than rank 0
+        return diverged_exit(report, quiet=True)
     print("\n".join(_lines(report)))
     print(f"report: {path} (stored as #{stored}); order: "
           + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
@@ -229,12 +246,12 @@ def bench_command(args, argv: list[str]) -> int:
     return diverged_exit(report)
 
 
-def diverged_exit(report: dict) -> int:
-    """3 when a run diverged (as `speedrun train`), each setting's count on stderr; else 0."""
+def diverged_exit(report: dict, quiet: bool = False) -> int:
+    """3 when a run diverged (as `speedrun train`), each setting's count on stderr unless quiet; else 0."""
     import sys
 
     bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
-    for name, count in bad:
+    for name, count in [] if quiet else bad:
         print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics",
               file=sys.stderr)
     return 3 if bad else 0

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import errno
 import os
-import shlex
 import signal
 import sys
 import warnings
@@ -277,22 +276,8 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
 
 
-def _command(argv: list[str]) -> str:
-    """The command line for the result file. A torchrun worker sees only its own arguments: the launcher is
-    reconstructed from torchrun's environment (its rendezvous flags are not visible, and are elided for several
-    machines)."""
-    own = shlex.join(["speedrun", *argv])
-    size, local = os.environ.get("WORLD_SIZE", "1"), os.environ.get("LOCAL_WORLD_SIZE", "1")
-    if size == "1" or not size.isdigit() or not local.isdigit() or int(local) < 1:
-        return own
-    nodes = int(size) // int(local)
-    launcher = (f"torchrun --standalone --nproc_per_node={local}" if nodes == 1 else
-                f"torchrun --nnodes={nodes} --nproc_per_node={local} --rdzv_endpoint=...")
-    return f"{launcher} -m {own}"
-
-
 def _train(args, argv: list[str]) -> int:
-    from speedrun import runs  # deferred: `speedrun --help` should not import torch
+    from speedrun import dist, runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
     from speedrun.db import default_db_path
 
@@ -300,7 +285,7 @@ def _train(args, argv: list[str]) -> int:
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
                         json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
-                        command=_command(argv), checkpoint_dir=args.checkpoint_dir,
+                        command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
                         db=args.db or default_db_path(), overrides=overrides)
@@ -316,9 +301,18 @@ _COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "pre
              "bench-loader": ("bench_loader", "bench_loader_command", True)}
 
 
+# The commands that train, and so take part in a torchrun job (every process trains; rank 0 prints and writes).
+DISTRIBUTED_COMMANDS = ("train", "bench", "ablate")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    if args.command not in DISTRIBUTED_COMMANDS and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        # K copies of a one-process command would each write the same report, file or table (or race on it)
+        _say(f"{_prog()}: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
+             f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
+        return EXIT_USAGE
     if args.command == "recipes":
         from speedrun import runs
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shlex
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,20 @@ def from_env() -> World:
         raise ValueError(f"inconsistent torchrun environment ({', '.join(f'{k}={os.environ.get(k)}' for k in _ENV)});"
                          " start the job with torchrun, or unset these variables to run one process")
     return World(rank, size, local_rank, local_size, None, _env_int("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def command_line(argv: list[str]) -> str:
+    """The command line a result records. A torchrun worker sees only its own arguments: the launcher is
+    reconstructed from torchrun's environment (its rendezvous flags are not visible, and are elided for several
+    machines)."""
+    own = shlex.join(["speedrun", *argv])
+    size, local = os.environ.get("WORLD_SIZE", "1"), os.environ.get("LOCAL_WORLD_SIZE", "1")
+    if size == "1" or not size.isdigit() or not local.isdigit() or int(local) < 1:
+        return own
+    nodes = int(size) // int(local)
+    launcher = (f"torchrun --standalone --nproc_per_node={local}" if nodes == 1 else
+                f"torchrun --nnodes={nodes} --nproc_per_node={local} --rdzv_endpoint=...")
+    return f"{launcher} -m {own}"
 
 
 def device_for(world: World, device: torch.device) -> torch.device:

@@ -88,10 +88,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
     from speedrun import runs as runner
     from speedrun.ablate import off_text, split_tricks
-    from speedrun.bench import measured_run
-    from speedrun.data.loader import steps_for
     from speedrun.engine import resolve_device
-    from speedrun.results import environment
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
@@ -100,15 +97,38 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     max_probes = runner._check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
     overrides = dict(overrides or {})
     base = runner.make_config(rec, epochs, overrides)
-    dev = resolve_device(device)
+    world = runner.dist.from_env()
+    dev = runner.dist.device_for(world, resolve_device(device))
     measured, already_off = split_tricks(family.TRICKS, base, dev)
     variants = [("baseline", {})] + [(f"{key}={off_text(off)}", {key: off_text(off)}) for key, off, _ in measured]
     configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
     dataset = rec.default_dataset if dataset is None else dataset
+    world = runner.dist.init(world, dev)  # under torchrun every probe run is one run of all K processes
+    clean = False
+    try:
+        report = _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs, seed, max_probes,
+                         log)
+        clean = not report["interrupted"] or getattr(report["_interrupt"], "in_step", False)
+    finally:
+        runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
+    report.update({"already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
+                   "target_accuracy": base.target_accuracy, "timed_region": family.timed_region(base)})
+    return report
+
+
+def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs: int, seed: int, max_probes: int,
+            log) -> dict:
+    """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
+    report (without the already-off tricks, the target and the timed region, which to_target adds)."""
+    from speedrun import runs as runner
+    from speedrun.bench import measured_run
+    from speedrun.data.loader import steps_for
+    from speedrun.results import environment
+
     data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
     for cfg in configs.values():
-        family.check(cfg, data, dev, runner.dist.World())
-    n_train = len(data.train_labels)
+        family.check(cfg, data, dev, world)
+    n_train = data.num_train
 
     def at_steps(cfg, steps: int):
         """cfg trained for exactly `steps` steps: the recipe's own config at its own count, else the schedule
@@ -127,7 +147,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
         floor, ceiling = bounds(start, int(runner.MAX_EPOCHS * n_train // cfg.batch_size))
         plan = probe_plan(start, floor, ceiling, max_probes)
         state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}
-    warmups = {name: family.warmup(configs[name], data, dev) for name, _ in variants}
+    warmups = {name: family.warmup(configs[name], data, dev, world) for name, _ in variants}
     order: list[dict] = []
     interrupt = None
     try:
@@ -144,7 +164,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
                     cfg = probe["cfg"]
                     log(f"round {rnd + 1}: {name}, {cfg.epochs:.4g} epochs ({probe['steps']} steps), seed {seed + r}")
                     probe["runs"].append(measured_run(family, cfg, data, dev, seed + r,
-                                                      f"{name}, {cfg.epochs:.4g} epochs", log))
+                                                      f"{name}, {cfg.epochs:.4g} epochs", log, world))
                     order.append({"round": rnd, "variant": name, "epochs": cfg.epochs, "steps": probe["steps"],
                                   "seed": seed + r})
             for name in active:
@@ -167,17 +187,15 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
             results.append(runner.Result(
                 recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=p["runs"],
                 environment=env, runs_requested=runs, complete=complete, interrupted=interrupt is not None,
-                timed_region=family.timed_region(cfg),
+                timed_region=family.timed_region(cfg), world=world.to_dict(),
                 command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
             probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
         rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
     return {"benchmark": "to_target", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
-            "seed": seed, "max_probes": max_probes, "target_accuracy": base.target_accuracy,
+            "world": world.to_dict(), "seed": seed, "max_probes": max_probes,
             "complete": interrupt is None, "interrupted": interrupt is not None,
             "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
-            "order": order, "variants": rows,
-            "already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
-            "timed_region": family.timed_region(base), "environment": env, "results": results}
+            "order": order, "variants": rows, "environment": env, "results": results}
 
 
 def _reached(runs: list, target: float) -> bool:
@@ -267,11 +285,13 @@ def to_target_command(args, argv: list[str]) -> int:
         args.recipe, runs=args.runs, max_probes=max_probes,
         dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,
         overrides=overrides, log=log))
+    bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
+    if path is None:  # a torchrun process other than rank 0
+        return 3 if bad else 0
     print("\n".join(_lines(report)))
     print(f"report: {path} (stored as #{stored}); order: "
           + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
           + (" ..." if len(report["order"]) > 12 else ""), file=sys.stderr)
-    bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
     for name, count in bad:
         print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss",
               file=sys.stderr)

@@ -51,6 +51,12 @@ class Dataset:
         return len(self.classes)
 
     @property
+    def num_train(self) -> int:
+        """Training examples: the name every family's data has (imagenet's ShardData too), which the step
+        arithmetic of shared code (to_target.py) reads."""
+        return len(self.train_labels)
+
+    @property
     def image_shape(self) -> tuple[int, int, int]:
         """(C, H, W)."""
         c, h, w = self.train_images.shape[1:]

@@ -11,7 +11,7 @@ in runs.py calls nothing else):
                                 settings every family shares); `validate()` checks each setting alone
     timed_region(cfg) -> str    what the timed seconds cover, for the result file and the summary
     with_epochs(cfg, epochs)    cfg trained for `epochs`, with every epoch-denominated setting scaled alike
-    load_data(dataset, *, data_dir, image_size, log) -> data
+    load_data(dataset, *, data_dir, image_size, log) -> data   (data.num_train: its training examples)
     describe(data) -> str       one line: name, sizes, shape
     smoke(cfg, data) -> (cfg, data)           a few steps on a little data: does the pipeline run?
     check(cfg, data, device, world) -> [str]  refuse (ValueError) what cannot train; warnings for the odd
