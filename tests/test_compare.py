@@ -35,7 +35,10 @@ def test_the_numbers_are_welchs_and_the_ratio_is_b_over_a(tmp_path, capsys):
         assert test["ci95"][0] < test["diff"] < test["ci95"][1]
     assert report["caveats"] == []  # same recipe, dataset and device
     with db.connect(tmp_path / "r.db") as conn:
-        assert db.get_result(conn, report["id"])["benchmark"] == "compare"
+        stored = db.get_result(conn, report["id"])
+        assert stored["benchmark"] == "compare"
+        # the command as given to main, not the host program's sys.argv (pytest's here)
+        assert stored["command"] == f"speedrun compare {ONE} {TWO} --json --db {tmp_path / 'r.db'}"
 
 
 def test_ids_from_the_database_and_one_run_a_side(tmp_path, capsys):

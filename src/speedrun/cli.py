@@ -114,7 +114,7 @@ def _train(args, argv: list[str]) -> int:
 # Each subcommand's function: (module, function, whether it takes the command line too).
 _COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "predict_command", False),
              "bench": ("bench", "bench_command", True), "ablate": ("ablate", "ablate_command", True),
-             "compare": ("compare", "compare_command", False), "results": ("db", "results_command", False),
+             "compare": ("compare", "compare_command", True), "results": ("db", "results_command", False),
              "report": ("report", "report_command", False),
              "data": ("data.prepare_tree", "prepare_command", False),
              "bench-loader": ("bench_loader", "bench_loader_command", True)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -108,7 +108,7 @@ def _text(report: dict) -> list[str]:
     return lines
 
 
-def compare_command(args) -> int:
+def compare_command(args, argv: list[str]) -> int:
     """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
     from speedrun import db
     from speedrun.results import portable
@@ -116,7 +116,7 @@ def compare_command(args) -> int:
     with contextlib.closing(db.connect(args.db)) as conn:
         (la, a), (lb, b) = _load(args.a, conn), _load(args.b, conn)
         report = compare(a, b, (la, lb))
-        stored = db.insert_result(conn, portable({**report, "command": " ".join(["speedrun", *sys.argv[1:]])}))
+        stored = db.insert_result(conn, portable({**report, "command": shlex.join(["speedrun", *argv])}))
     if args.json:
         print(json.dumps({**report, "id": stored}, indent=2))
     else:
