@@ -31,6 +31,9 @@ def test_bench_ablate_waterfall_and_to_target_run_on_the_imagenet_family(shards,
     assert main(["ablate", *tiny, "--runs", "2", "--json", str(tmp_path / "a.json")]) == 0
     report = json.loads((tmp_path / "a.json").read_text())
     assert sorted(r["trick"] for r in report["tricks"]) == sorted(key for key, _, _ in imagenet.TRICKS)
+    # channels_last=auto is contiguous on a CPU in this family (ImagenetConfig.CHANNELS_LAST_AUTO_ON_CPU): already
+    # off, not measured against itself; likewise bf16 (precision=auto is fp32 on a CPU)
+    assert {"channels_last", "precision"} <= {r["trick"] for r in report["tricks"] if not r["measured"]}
     assert main(["ablate", *tiny, "--runs", "2", "--waterfall", "zero_init_residual,flip",
                  "--json", str(tmp_path / "w.json")]) == 0
     assert main(["ablate", *tiny, "--runs", "1", "--to-target", "--max-probes", "2",
@@ -52,7 +55,11 @@ def _torchrun(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 def test_under_torchrun_each_run_is_the_jobs_and_rank_0_alone_stores_and_writes(shards, tmp_path):
     tiny = ["imagenet-debug", "--dataset", str(shards), "--device", "cpu", "--epochs", "1", "--db", "r.db"]
-    done = _torchrun(["bench", *tiny, "--runs", "2", "--vary", "label_smoothing=0.0", "--json", "b.json"], tmp_path)
+    # the default dataset in an empty cache: rank 0 writes the synthetic shards, then rank 1 reads them (both
+    # writing at once renamed each other's files away: "No such file or directory: .../.train-00000.tar.tmp")
+    assert not (tmp_path / "cache").exists()
+    done = _torchrun(["bench", *tiny[:1], *tiny[3:], "--runs", "2", "--vary", "label_smoothing=0.0", "--json",
+                      "b.json"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("against the baseline") == 1  # one table: rank 1 prints nothing
     assert "speedrun[rank 1]" not in done.stderr
@@ -83,3 +90,102 @@ def test_commands_that_do_not_train_refuse_to_run_as_k_copies(argv, tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "start it without torchrun" in err and err.startswith("speedrun[rank 1]: error:")
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the database
+
+
+@pytest.mark.parametrize("command", [["bench", "--vary", "label_smoothing=0.0"], ["train"]])
+def test_under_torchrun_rank_0s_refusal_ends_every_process_at_once(command, shards, tmp_path):
+    """An existing --json (or a bad --db) is rank 0's to find; the other process learns it from rank 0 at once
+    (dist.main_first), instead of waiting in the rendezvous until torchrun kills it (30 s later, SIGKILL)."""
+    (tmp_path / "taken.json").write_text("{}")
+    done = _torchrun([command[0], "imagenet-debug", "--dataset", str(shards), "--device", "cpu", *command[1:],
+                      "--json", "taken.json", "--db", "r.db"], tmp_path)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("speedrun")]
+    assert lines[0].startswith("speedrun: error: ") and "taken.json" in lines[0]
+    assert not any(line.startswith("speedrun[rank 1]") for line in lines), lines  # rank 0 said it; once
+    assert "-9" not in done.stderr and "SIGKILL" not in done.stderr, done.stderr[-2000:]
+    assert (tmp_path / "taken.json").read_text() == "{}"
+    (tmp_path / "notes.db").write_text("my notes, not a database")
+    done = _torchrun([command[0], "imagenet-debug", "--dataset", str(shards), "--device", "cpu", *command[1:],
+                      "--db", "notes.db"], tmp_path)
+    assert (tmp_path / "notes.db").read_text() == "my notes, not a database"
+    assert done.returncode != 0 and "notes.db" in done.stderr and "-9" not in done.stderr and "SIGKILL" not in done.stderr, done.stderr[-2000:]
+
+
+def test_concurrent_writers_of_the_synthetic_cache_each_get_it_whole(tmp_path):
+    """Two commands that find imagenet-debug's cache empty at once (two shells, or ranks): each writes its own
+    copy and renames it into place whole; neither fails, and the cache is whole."""
+    script = ("import sys; from pathlib import Path; from speedrun.recipes import imagenet_checks as c; "
+              "root = c._synthetic_shards(Path(sys.argv[1]), lambda line: None); "
+              "assert (root / 'val-index.npy').exists() and (root / 'train-index.npy').exists()")
+    for attempt in range(3):
+        cache = tmp_path / f"cache{attempt}"
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(cache)], stderr=subprocess.PIPE, text=True)
+                 for _ in range(3)]
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], errors
+        data = imagenet_checks.load_data("synthetic", data_dir=cache, log=lambda line: None)
+        assert (data.num_train, data.num_eval) == (640, 160)
+        assert sorted(p.name for p in cache.iterdir()) == ["imagenet-synthetic-v1"]  # no copy left behind
+
+
+def test_a_per_process_batch_of_one_is_refused_before_any_run(shards, tmp_path, capsys):
+    """BatchNorm cannot normalize one image (torch refuses it mid-run, after the runs before it had ended)."""
+    assert main(["train", "imagenet-debug", "--dataset", str(shards), "--device", "cpu", "--set", "batch_size=1",
+                 "--db", str(tmp_path / "r.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batch_size 1" in err and "at least 2" in err
+
+
+def test_rank_1_shows_no_warnings(monkeypatch, capsys):
+    """Every process runs the same code, so a library's warning comes from each: rank 0 shows its copy."""
+    import warnings
+
+    from speedrun import cli
+
+    for rank, shown in (("1", False), ("0", True)):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", rank)
+        cli._show_warning(warnings.WarningMessage("deprecated thing", DeprecationWarning, "x.py", 1).message,
+                          DeprecationWarning, "x.py", 1)
+        err = capsys.readouterr().err
+        assert err == ("speedrun: warning: deprecated thing (DeprecationWarning)\n" if shown else "")
+
+
+CIFAR_TINY = ["cifar10-94", "--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set",
+              "batch_size=64", "--set", "widths=8,16,16", "--set", "whiten_images=64"]
+
+
+@pytest.mark.parametrize("command", [["bench", "--runs", "2", "--vary", "lookahead=false"],
+                                     ["ablate", "--runs", "1", "--to-target", "--max-probes", "2"],
+                                     ["train", "--runs", "3"]])
+def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, capsys, monkeypatch):
+    """Any error part way (a later setting that cannot train, a full disk), not only Ctrl-C: the finished runs
+    are stored and written, marked incomplete, and the one line says where."""
+    from speedrun.recipes import cifar
+
+    real, calls = cifar.train_run, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("this setting cannot train (--set x=...)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cifar, "train_run", second_fails)
+    out = tmp_path / "r.json"
+    argv = [command[0], *CIFAR_TINY, *command[1:], "--db", str(tmp_path / "r.db"), "--json", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"speedrun: error: this setting cannot train (--set x=...); 1 finished run(s) kept in {out}"
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False
+    with db.connect(tmp_path / "r.db") as conn:
+        if command[0] == "train":
+            [row] = db.query(conn)
+            assert len(db.get_result(conn, row["id"])["runs"]) == 1
+        else:
+            [stored] = db.query_reports(conn)
+            report = db.get_result(conn, stored["id"])
+            assert report["interrupted"] is False and report["failed"].startswith("ValueError: this setting")
+            assert len(report["order"]) == 1

@@ -21,14 +21,17 @@ from __future__ import annotations
 import sys
 
 
-def effective(key: str, value, device):
-    """What a switch's value means on `device`: the shared "auto" settings resolved (tricks/precision.py)."""
-    from speedrun.tricks.precision import resolve_channels_last, resolve_precision
+def effective(key: str, value, device, base):
+    """What a switch's value means on `device` in `base`'s family: the shared "auto" settings resolved as the run
+    resolves them (engine.setup_system: precision=auto is fp32 on a CPU; channels_last=auto is off on a CPU for
+    a family that says so)."""
+    import dataclasses
 
-    if key == "precision":
-        return resolve_precision(value, device)
-    if key == "channels_last":
-        return resolve_channels_last(value, device)
+    from speedrun.engine import setup_system
+
+    if key in ("precision", "channels_last"):
+        system = setup_system(dataclasses.replace(base, **{key: value}), device)
+        return system.dtype if key == "precision" else system.channels_last
     return value
 
 
@@ -43,7 +46,7 @@ Trick = tuple[str, object, str]  # (config key, its "off" value, what it is): a 
 def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:
     """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`."""
     def is_off(key: str, off) -> bool:
-        return effective(key, getattr(base, key), dev) == effective(key, off, dev)
+        return effective(key, getattr(base, key), dev, base) == effective(key, off, dev, base)
 
     return [t for t in tricks if not is_off(t[0], t[1])], [t for t in tricks if is_off(t[0], t[1])]
 

@@ -55,6 +55,13 @@ def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
     return out
 
 
+def stopped_by(stop: BaseException | None) -> dict:
+    """A report's account of what cut it short: an interrupt (Ctrl-C, SIGTERM) or an error in a later run."""
+    failed = None if stop is None or isinstance(stop, KeyboardInterrupt) else f"{type(stop).__name__}: {stop}"
+    return {"complete": stop is None, "interrupted": isinstance(stop, KeyboardInterrupt),
+            "failed": None if failed is None else " ".join(failed.split())[:500]}
+
+
 def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) -> RunResult:
     """One training run of a benchmark (by every process of `world` under torchrun): a divergence is a run too
     (its step, no accuracy), and the model is dropped (a benchmark keeps numbers, not weights)."""
@@ -101,7 +108,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     order = []
     interrupt, clean = None, False
     try:
-        data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
+        data = runner.dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
+                                                                     image_size=image_size, log=log))
         for _, _, cfg in settings:
             family.check(cfg, data, dev, world)
         warmups = {name: family.warmup(cfg, data, dev, world) for name, _, cfg in settings}
@@ -111,8 +119,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                     log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
                     results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world))
                     order.append({"round": r, "setting": name, "seed": seed + r})
-        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
-            if not order:
+        except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
+            if not order:                               # make a partial report, marked as such (then e is raised)
                 raise
             interrupt = e
         clean = interrupt is None or getattr(interrupt, "in_step", False)
@@ -122,7 +130,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     base_name = settings[0][0]
     base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
-              "world": world.to_dict(), "complete": interrupt is None, "interrupted": interrupt is not None,
+              "world": world.to_dict(), **stopped_by(interrupt),
               "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
@@ -134,7 +142,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,
                                        config=dataclasses.asdict(cfg), runs=results[name], environment=env,
                                        runs_requested=runs, complete=interrupt is None,
-                                       interrupted=interrupt is not None, timed_region=family.timed_region(cfg),
+                                       interrupted=stopped_by(interrupt)["interrupted"],
+                                       timed_region=family.timed_region(cfg),
                                        world=world.to_dict(), command=f"bench {name}").to_dict()
                          for name, _, cfg in settings]
     return report
@@ -188,18 +197,36 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
     import sys
 
     from speedrun import db, dist, runs
+    from speedrun.errors import note_kept
     from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
                                   write_json)
 
-    if not dist.from_env().is_main:
-        report = make(lambda line: None)
-        interrupt = report.pop("_interrupt", None)
-        if interrupt is not None:
-            raise interrupt
-        return report, None, None
-    conn = db.connect(args.db)
-    path = (claim_result_path(args.json) if args.json else
-            default_result_path(f"{kind}-{args.recipe}", args.dataset or "default"))
+    world = dist.from_env()
+    # The group is joined now (bench and to_target find it joined), so that rank 0's opening of the database and
+    # claiming of the report file can end every process at once when it fails (dist.main_first).
+    world = dist.init(world, dist.device_for(world, resolve_device(args.device)))
+
+    def claim():
+        conn = db.connect(args.db)
+        try:
+            return conn, (claim_result_path(args.json) if args.json else
+                          default_result_path(f"{kind}-{args.recipe}", args.dataset or "default"))
+        except BaseException:
+            conn.close()
+            raise
+
+    try:
+        claimed = dist.main_first(world, claim, everyone=False)
+        if not world.is_main:
+            report = make(lambda line: None)
+            interrupt = report.pop("_interrupt", None)
+            if interrupt is not None:
+                raise interrupt
+            return report, None, None
+    except BaseException:
+        dist.shutdown(world, False)  # make() left the group already when it got that far (then this does nothing)
+        raise
+    conn, path = claimed
     written = False
     try:
         report = make(lambda line: print(line, file=sys.stderr))
@@ -214,12 +241,13 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
             write_json(path, report)
             written = True
         if interrupt is not None:
-            interrupt.runs_kept, interrupt.result_path = len(report["order"]), path
+            note_kept(interrupt, len(report["order"]), path)
             raise interrupt
     finally:
         conn.close()
         if not written:
             release_result_path(Path(path))
+        dist.shutdown(world, False)  # make() left the group already when it got that far (then this does nothing)
     return report, path, stored
 
 

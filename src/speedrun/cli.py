@@ -66,8 +66,10 @@ def _prog() -> str:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     from speedrun.errors import SpeedrunWarning
 
+    if _prog() != "speedrun":  # under torchrun every process runs the same code: rank 0 shows its copy
+        return
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
-    _say(f"{_prog()}: warning: {_one_line(message)}{kind}")
+    _say(f"speedrun: warning: {_one_line(message)}{kind}")
 
 
 @contextlib.contextmanager
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 return run(args, argv) if takes_argv else run(args)
             return _train(args, argv)
     except ValueError as exc:
-        _say(f"{prog}: error: {_one_line(exc)}")
+        _say(f"{prog}: error: {_one_line(exc)}{_kept(exc)}")
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
         if exc.strerror is None:
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
             fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
             text = f"{exc.strerror}{where}{fix}"
-        _say(f"{prog}: error: {_one_line(text)}")
+        _say(f"{prog}: error: {_one_line(text)}{_kept(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
@@ -188,19 +190,30 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"{prog}: {what}; {_one_line(where)}")
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
+        if type(exc).__name__ == "PeerFailed":  # dist.main_first: rank 0 failed first and printed why
+            return EXIT_USAGE
         if _out_of_memory(exc):
             _say(f"{prog}: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
-                  "(--set ...), or use fewer or smaller images")
+                  f"(--set ...), or use fewer or smaller images{_kept(exc)}")
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
         if _peer_lost(exc):
             _say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
-                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]})")
+                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]}){_kept(exc)}")
             return EXIT_INTERNAL
         _say(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
-              "SPEEDRUN_TRACEBACK=1 shows the traceback)")
+              f"SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
         return EXIT_INTERNAL
+
+
+def _kept(exc: BaseException) -> str:
+    """"; 2 finished run(s) kept in PATH" when the command stopped part way after some runs had ended
+    (errors.note_kept), else ""."""
+    kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
+    if not kept:
+        return ""
+    return _one_line(f"; {kept} finished run(s) kept" + (f" in {path}" if path else " in the results database"))
 
 
 def _peer_lost(exc: BaseException) -> bool:

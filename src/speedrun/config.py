@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 
 def _field_types(cfg_cls: type) -> dict[str, Any]:
@@ -136,7 +136,11 @@ class SystemConfig:
     engine.setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
 
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
-    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU, off for MPS
+    channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU (see below), off for MPS
+    # What channels_last=auto means on a CPU for this family (a class constant, not a setting): a family whose
+    # CPU runs crash in channels_last turns it off here, and everything that resolves "auto" (the run, ablate's
+    # "already off") reads it through engine.setup_system.
+    CHANNELS_LAST_AUTO_ON_CPU: ClassVar[bool] = True
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
         "max-autotune-no-cudagraphs"  # torch.compile's modes

@@ -249,6 +249,33 @@ def broadcast_object(obj, world: World):
     return box[0]
 
 
+class PeerFailed(Exception):
+    """Rank 0 failed at a step the other processes wait on (main_first), and printed why: the others end too, at
+    once and quietly, instead of waiting in a collective until torchrun kills them (30 s later, SIGKILL)."""
+
+
+def main_first(world: World, fn, *, everyone: bool = True):
+    """fn() on rank 0 first, then (everyone) on the other processes, which wait for rank 0's outcome.
+
+    For what rank 0 does once before the others may go on: writing a data cache the others then read (everyone),
+    or opening the results database and claiming the result file (rank 0 alone: everyone=False, the others get
+    None). A failure on rank 0 (an error, an interrupt) is sent to the others, which raise PeerFailed."""
+    if world.size == 1:
+        return fn()
+    if world.is_main:
+        try:
+            out = fn()
+        except BaseException as e:
+            broadcast_object(type(e).__name__, world)
+            raise
+        broadcast_object(None, world)
+        return out
+    failed = broadcast_object(None, world)
+    if failed is not None:
+        raise PeerFailed(f"rank 0 stopped ({failed})")
+    return fn() if everyone else None
+
+
 def barrier(world: World) -> None:
     if world.size > 1:
         import torch.distributed as dist

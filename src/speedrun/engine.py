@@ -77,7 +77,8 @@ class System:
 
 def setup_system(cfg, device: torch.device) -> System:
     """Every family's shared settings (config.SystemConfig), resolved once, in one place."""
-    return System(device, resolve_precision(cfg.precision, device), resolve_channels_last(cfg.channels_last, device))
+    return System(device, resolve_precision(cfg.precision, device),
+                  resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
 
 
 def _mps_available() -> bool:

@@ -23,6 +23,15 @@ class Terminated(KeyboardInterrupt):
     as for Ctrl-C, and the CLI exits 143 (128 + 15)."""
 
 
+def note_kept(exc: BaseException, runs_kept: int, result_path) -> None:
+    """Tell the CLI's last line that `runs_kept` finished runs are in `result_path` (None: not written to a
+    file), after `exc` stopped a command part way (an interrupt carries the same two attributes)."""
+    try:
+        exc.runs_kept, exc.result_path = runs_kept, result_path
+    except AttributeError:  # an exception type without a __dict__: the line just says less
+        pass
+
+
 def printable(text: str) -> str:
     """`text` as one printable line: file-name bytes that are not UTF-8 (os.fsdecode's surrogates) become \\xNN,
     control characters (a newline in a file name) become escapes. Paths go through this before any message."""

@@ -45,7 +45,9 @@ _LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset, device, device_n
     coalesce({_json_at('$.config.target_accuracy')}, {_json_at('$.target_accuracy')}),
     {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')}
     FROM results WHERE mean_accuracy IS NOT NULL AND NOT coalesce({_json_at('$.smoke_test')}, 0)
-    AND instr(coalesce(command, ''), '  # setting ') = 0"""
+    AND coalesce({_json_at('$.complete')}, 1) AND instr(coalesce(command, ''), '  # setting ') = 0"""
+# Complete results only: an interrupted command's partial result is not a record (and the --resume that
+# finishes it stores the same runs again as a complete one). Older files without "complete" count as complete.
 _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accuracy", "std_accuracy", "seconds",
          "std_seconds", "hit_rate", "cost", "command", "commit", "dirty", "torch", "processes", "target", "driver",
          "cuda"]
@@ -86,21 +88,36 @@ def _clean(values) -> dict | None:
     return row
 
 
+def family_of(recipe) -> str:
+    """The family that trains a stored recipe (recipes.RECIPES), or "other" for a name this version does not know.
+    Two families can name different data alike ("synthetic"): a leaderboard is per dataset *and* family."""
+    from speedrun.recipes import RECIPES
+
+    known = RECIPES.get(recipe) if isinstance(recipe, str) else None
+    return known.family if known is not None else "other"
+
+
+def board_name(board: dict) -> str:
+    """"../data/cifar10 (cifar family)": what a leaderboard and its charts are about."""
+    return f"{_text(board['dataset'], 200)} ({board['family']} family)"
+
+
 def leaderboards(conn: sqlite3.Connection) -> list[dict]:
-    """[{"dataset", "target", "rows": ranked}] per dataset and target accuracy, datasets in name order; at most
-    MAX_BOARDS of them (the "more" key of the last counts the rest)."""
+    """[{"dataset", "family", "target", "rows": ranked}] per dataset, recipe family and target accuracy, in that
+    order; at most MAX_BOARDS of them (the "more" key of the last counts the rest)."""
     groups: dict[tuple, list[dict]] = {}
     for values in conn.execute(_LEADERBOARD_SQL):
         row = _clean(values)
         if row is not None:
-            groups.setdefault((_text(row["dataset"], 300), row["target"]), []).append(row)
+            key = (_text(row["dataset"], 300), family_of(row["recipe"]), row["target"])
+            groups.setdefault(key, []).append(row)
     boards = []
-    for (dataset, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+    for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):
         def rank(r):
             reached = target is not None and r["accuracy"] >= target
             seconds = r["seconds"] if r["seconds"] is not None else float("inf")
             return not reached, seconds if reached else -r["accuracy"], r["id"]
-        boards.append({"dataset": dataset, "target": target, "rows": sorted(rows, key=rank)})
+        boards.append({"dataset": dataset, "family": family, "target": target, "rows": sorted(rows, key=rank)})
     if len(boards) > MAX_BOARDS:
         boards = boards[:MAX_BOARDS]
         boards[-1]["more"] = len(groups) - MAX_BOARDS
@@ -250,7 +267,8 @@ def _title(report: dict, what: str) -> str:
 
 
 def _provenance(report: dict) -> str:
-    partial = " (partial: the command was interrupted)" if report["_partial"] else ""
+    why = "was interrupted" if report.get("interrupted") is True else "failed part way"
+    partial = f" (partial: the command {why})" if report["_partial"] else ""
     return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {_text(report.get('runs'), 10)} run(s) "
             f"per row: `{_text(report.get('command'), 600)}`")
 

@@ -40,13 +40,13 @@ def _num(text: str) -> str:
 
 def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
     out = ['<h2 id="leaderboard">Leaderboards</h2>',
-           '<p class="note">Per dataset and target accuracy: results whose mean accuracy reaches the target, fastest '
-           'mean timed region first, then the rest, most accurate first. Cost: US dollars per timed run at the '
-           'price the result carries (none for a device without a price).</p>']
+           '<p class="note">Per dataset, recipe family and target accuracy, complete results only: results whose '
+           'mean accuracy reaches the target, fastest mean timed region first, then the rest, most accurate first. '
+           'Cost: US dollars per timed run at the price the result carries (none for a device without a price).</p>']
     for board in boards:
         target = rep._NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
         rows = board["rows"][:rep.ROWS_PER_BOARD]
-        out.append(f"<h3>{escape(rep._text(board['dataset'], 200))} · {escape(target)}</h3>")
+        out.append(f"<h3>{escape(rep.board_name(board))} · {escape(target)}</h3>")
         cells = []
         for i, r in enumerate(rows):
             cost = r["cost"]
@@ -71,12 +71,11 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
     curves_html = ['<h2 id="curves">Learning curves</h2>',
                    '<p class="note">Test accuracy after each epoch, the mean over a result\'s runs (results that '
                    'evaluated every epoch; the first rows of each leaderboard).</p>']
-    by_dataset: dict[str, list[dict]] = {}
+    by_data: dict[str, list[dict]] = {}  # per dataset and family, as the leaderboards
     for board in boards:
-        by_dataset.setdefault(board["dataset"], []).append(board)
-    for dataset, group in by_dataset.items():
+        by_data.setdefault(rep.board_name(board), []).append(board)
+    for name, group in by_data.items():
         rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
-        name = rep._text(dataset, 200)
         if rows:
             points = [{"recipe": rep._text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
                        "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]} for r in rows]

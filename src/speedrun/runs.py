@@ -7,6 +7,7 @@ statistics, the result file, checkpoints and resume, the saved model, and what i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -25,7 +26,7 @@ from speedrun.checkpoint import list_checkpoints
 from speedrun.config import apply_overrides
 from speedrun.data import limits
 from speedrun.engine import Diverged, RunResult, resolve_device, signals_handled_by
-from speedrun.errors import SpeedrunWarning, warn
+from speedrun.errors import SpeedrunWarning, note_kept, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines  # noqa: F401 (the public API's names)
 from speedrun.results import (claim_result_path, default_result_path, environment, portable, release_result_path,
                               write_json)
@@ -216,25 +217,32 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
     dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
     plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world, json_path)
-    database = None
-    if db is not None and world.is_main:
-        from speedrun import db as results_db
-
-        database = results_db.connect(db)  # created or migrated now: a bad --db fails before any work
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
-    written, claimed, in_step = False, None, False
+    written, claimed, in_step, database = False, None, False, None
     try:
         with warnings.catch_warnings():
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
+            if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
+                from speedrun import db as results_db
+
+                database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
-            if json_path is not None and world.is_main:  # claimed now: an existing or unwritable path fails early
-                continued = plan.continued_result(found, json_path)
-                json_path = claimed = continued or (default_result_path(rec.name, dataset) if json_path == "auto"
-                                                    else claim_result_path(json_path))
+            if json_path is not None:  # claimed now by rank 0: an existing or unwritable path fails early
+
+                def claim():
+                    continued = plan.continued_result(found, json_path)
+                    return continued or (default_result_path(rec.name, dataset) if json_path == "auto"
+                                         else claim_result_path(json_path))
+
+                chosen = dist.main_first(world, claim, everyone=False)
+                if world.is_main:
+                    json_path = claimed = chosen
             start = time.perf_counter()
-            data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=show.line)
+            # rank 0 first: what it writes once (a download, a decoded cache) the others then read
+            data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=image_size,
+                                                                   log=show.line))
             data_seconds = time.perf_counter() - start
             if smoke:
                 cfg, data = family.smoke(cfg, data)
@@ -330,6 +338,14 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 store()
             report()
             in_step = getattr(interrupt, "in_step", False)
+            raise
+        except Exception as failure:  # an error after some runs ended (a later run, saving the model): kept too
+            if result.runs:
+                with _signals_held():
+                    with contextlib.suppress(Exception):  # the first failure is the one to report
+                        save()
+                    store()
+                note_kept(failure, len(result.runs), json_path if written else None)
             raise
         store()
         report()

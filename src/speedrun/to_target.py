@@ -108,7 +108,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     try:
         report = _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs, seed, max_probes,
                          log)
-        clean = not report["interrupted"] or getattr(report["_interrupt"], "in_step", False)
+        clean = report["_interrupt"] is None or getattr(report["_interrupt"], "in_step", False)
     finally:
         runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
     report.update({"already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
@@ -121,11 +121,12 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
     """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
     report (without the already-off tricks, the target and the timed region, which to_target adds)."""
     from speedrun import runs as runner
-    from speedrun.bench import measured_run
+    from speedrun.bench import measured_run, stopped_by
     from speedrun.data.loader import steps_for
     from speedrun.results import environment
 
-    data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
+    data = runner.dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None,
+                                                                 log=log))
     for cfg in configs.values():
         family.check(cfg, data, dev, world)
     n_train = data.num_train
@@ -173,8 +174,8 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
                     s["next"] = s["plan"].send(_reached(s["probes"][-1]["runs"], configs[name].target_accuracy))
                 except StopIteration:
                     s["next"] = None
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the finished runs make a partial report, marked as such
-        if not order:
+    except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
+        if not order:                               # make a partial report, marked as such (then e is raised)
             raise
         interrupt = e
     env = environment(dev)
@@ -186,14 +187,15 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
             cfg, complete = p["cfg"], len(p["runs"]) == runs
             results.append(runner.Result(
                 recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=p["runs"],
-                environment=env, runs_requested=runs, complete=complete, interrupted=interrupt is not None,
-                timed_region=family.timed_region(cfg), world=world.to_dict(),
+                environment=env, runs_requested=runs, complete=complete,
+                interrupted=stopped_by(interrupt)["interrupted"], timed_region=family.timed_region(cfg),
+                world=world.to_dict(),
                 command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
             probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
         rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
     return {"benchmark": "to_target", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
             "world": world.to_dict(), "seed": seed, "max_probes": max_probes,
-            "complete": interrupt is None, "interrupted": interrupt is not None,
+            **stopped_by(interrupt),
             "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
             "order": order, "variants": rows, "environment": env, "results": results}
 
@@ -262,7 +264,7 @@ def _lines(report: dict) -> list[str]:
             what = ("reached at every probe, down to the search's floor" if v["exact"] else
                     "reached at every probe; more --max-probes go shorter")
         if not v["search_complete"]:
-            what += "; interrupted"
+            what += "; cut short"
         secs = "n/a" if v["seconds_needed"] is None else f"{v['seconds_needed']:.2f}"
         shown = "n/a" if needed is None else f"{needed:.4g}"
         lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")

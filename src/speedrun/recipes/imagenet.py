@@ -36,7 +36,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -67,6 +67,10 @@ def timed_region(cfg: ImagenetConfig) -> str:
 
 @dataclass(frozen=True)
 class ImagenetConfig(SystemConfig):
+    # On a CPU this family is for debugging and tests, where a crash costs more than speed: torch 2.13's CPU
+    # kernels kill the process (SIGSEGV / "double free") in the backward pass of this ResNet at width 8 and
+    # 224 px in channels_last (width 16, 192 px or contiguous: fine; measured, no single op reproduces it).
+    CHANNELS_LAST_AUTO_ON_CPU: ClassVar[bool] = False
     target_accuracy: float = 0.669  # top-1 fraction; FFCV's ResNet-18 at 16 epochs
     # Network (models/resnet.py)
     depth: int = 18
@@ -289,11 +293,6 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
     world = world or dist.World()
     seed_everything(seed)
     system = setup_system(cfg, device)
-    if device.type == "cpu" and cfg.channels_last == "auto":
-        # On a CPU this family is for debugging and tests, where a crash costs more than speed: torch 2.13's CPU
-        # kernels kill the process (SIGSEGV / "double free") in the backward pass of this ResNet at width 8 and
-        # 224 px in channels_last (width 16, 192 px or contiguous: fine; measured, no single op reproduces it).
-        system = dataclasses.replace(system, channels_last=False)
     model, forward = system.prepare(build_model(cfg, 3, data.num_classes), cfg)
     state = TrainState(model, build_optimizer(cfg, model), make_ema(model, cfg.ema_decay, 1))
     loader = ShardLoader(data.root, data.train_split, batch_size=cfg.batch_size, epochs=cfg.epochs, device=device,

@@ -128,13 +128,33 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
-    """imagenet-debug's data: write_synthetic_shards(640, 160) made once in the data cache."""
+    """imagenet-debug's data: write_synthetic_shards(640, 160) made once in the data cache.
+
+    Written in a folder of this process's own and renamed into place whole: two commands (or two ranks) that
+    find the cache empty at once each write their own copy, the first rename wins and the other copy is dropped
+    (with fixed temporary names in one folder they renamed each other's files away)."""
+    import shutil
+    import tempfile
+
     root = cache / "imagenet-synthetic-v1"
     if (root / "classes.json").exists() and (root / "val-index.npy").exists():
         return root
-    root.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     log(f"writing synthetic shards to {root}")
-    return write_synthetic_shards(root, 640, 160)
+    own = Path(tempfile.mkdtemp(prefix=".imagenet-synthetic-v1.", dir=cache))
+    try:
+        write_synthetic_shards(own, 640, 160)
+        own.chmod(0o755)  # mkdtemp's folder is private; a cache is as readable as its data
+        if root.is_dir() and not (root / "val-index.npy").exists():
+            shutil.rmtree(root)  # not whole: left by an older version, which wrote in place (copies are equal)
+        try:
+            own.rename(root)
+        except OSError:
+            if not (root / "val-index.npy").exists():  # not another writer's whole copy: a real failure
+                raise
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+    return root
 
 
 def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 10) -> Path:
@@ -189,6 +209,13 @@ def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str
 
 def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
     dist.check(cfg.batch_size, world, device, cfg.sync_bn)
+    per_process = cfg.batch_size // world.size
+    if cfg.batch_size < 2 or (per_process < 2 and not cfg.sync_bn):  # (SyncBatchNorm counts the global batch)
+        # BatchNorm in training normalizes each channel over the batch; the last stage's map is 1x1 after pooling
+        # at these sizes, so one image gives one value and torch refuses it mid-run ("Expected more than 1 value")
+        raise ValueError(f"batch_size {cfg.batch_size} gives each of {world.size} process(es) {per_process} image "
+                         f"per step, and BatchNorm needs at least 2; use batch_size >= {2 * world.size} "
+                         "(--set batch_size=...)")
     if device.type == "cpu" and cfg.channels_last == "on" and cfg.width < 16:
         raise ValueError(f"channels_last=on with width={cfg.width} crashes torch's CPU kernels (a segfault in the "
                          "backward pass at 224 px and up, measured with torch 2.13); use width >= 16 or "

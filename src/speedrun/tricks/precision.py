@@ -42,11 +42,12 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-def resolve_channels_last(setting: str, device: torch.device) -> bool:
+def resolve_channels_last(setting: str, device: torch.device, auto_on_cpu: bool = True) -> bool:
+    """auto_on_cpu: what "auto" means on a CPU (a family's SystemConfig.CHANNELS_LAST_AUTO_ON_CPU)."""
     if setting not in LAYOUTS:
         raise ValueError(f"channels_last must be one of {LAYOUTS}, got {setting!r}")
     if setting == "auto":
-        return device.type in ("cuda", "cpu")
+        return device.type == "cuda" or (device.type == "cpu" and auto_on_cpu)
     return setting == "on"
 
 
