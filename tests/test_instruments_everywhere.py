@@ -84,12 +84,27 @@ def test_under_torchrun_each_run_is_the_jobs_and_rank_0_alone_stores_and_writes(
                                   ["predict", "{tmp}/m", "{tmp}/a.png"]])
 def test_commands_that_do_not_train_refuse_to_run_as_k_copies(argv, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("SPEEDRUN_DB", str(tmp_path / "r.db"))
-    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "start it without torchrun" in err and err.startswith("speedrun[rank 1]: error:")
+    for rank, lines in (("0", 1), ("1", 0)):  # every process refuses; rank 0 says it, once for the job
+        monkeypatch.setenv("RANK", rank)
+        assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == lines
+        assert not lines or (err.startswith("speedrun: error:") and "start it without torchrun" in err)
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the database
+
+
+def test_under_torchrun_usage_errors_and_help_are_rank_0s_to_show(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, shown in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit, match="2"):
+            main(["train", "--bogus"])
+        assert (capsys.readouterr().err == "speedrun: error: unrecognized arguments: --bogus (see speedrun "
+                "--help)\n") is shown
+        with pytest.raises(SystemExit):
+            main(["train", "--help"])
+        assert ("usage: speedrun train" in capsys.readouterr().out) is shown
 
 
 @pytest.mark.parametrize("command", [["bench", "--vary", "label_smoothing=0.0"], ["train"]])
@@ -105,6 +120,13 @@ def test_under_torchrun_rank_0s_refusal_ends_every_process_at_once(command, shar
     assert not any(line.startswith("speedrun[rank 1]") for line in lines), lines  # rank 0 said it; once
     assert "-9" not in done.stderr and "SIGKILL" not in done.stderr, done.stderr[-2000:]
     assert (tmp_path / "taken.json").read_text() == "{}"
+    if command[0] == "train":  # the checkpoint folder and --save path are rank 0's to check too (resume.Plan)
+        (tmp_path / "m.safetensors").write_text("someone's model")
+        done = _torchrun(["train", "imagenet-debug", "--dataset", str(shards), "--device", "cpu", "--save", "m",
+                          "--db", "r.db"], tmp_path)
+        assert done.returncode != 0 and "m.safetensors" in done.stderr
+        assert "-9" not in done.stderr and "SIGKILL" not in done.stderr, done.stderr[-2000:]
+        assert (tmp_path / "m.safetensors").read_text() == "someone's model"
     (tmp_path / "notes.db").write_text("my notes, not a database")
     done = _torchrun([command[0], "imagenet-debug", "--dataset", str(shards), "--device", "cpu", *command[1:],
                       "--db", "notes.db"], tmp_path)
@@ -189,3 +211,72 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
             report = db.get_result(conn, stored["id"])
             assert report["interrupted"] is False and report["failed"].startswith("ValueError: this setting")
             assert len(report["order"]) == 1
+    if command[0] == "train":  # no --json: the command's automatic result file, named
+        calls.clear()
+        monkeypatch.chdir(tmp_path)
+        assert main(argv[:-2]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        named = Path(line.split("; 1 finished run(s) kept in ")[1])
+        assert json.loads(named.read_text())["complete"] is False and len(json.loads(named.read_text())["runs"]) == 1
+
+
+def test_rank_0s_failure_is_raised_even_when_the_peers_are_gone(monkeypatch):
+    """torchrun stops the peers when it forwards a SIGTERM: telling them fails, and the SIGTERM is still what rank
+    0 reports (not the failed send)."""
+    from speedrun import dist
+    from speedrun.errors import Terminated
+
+    def gone(obj, world):
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    def load():
+        raise Terminated()
+
+    monkeypatch.setattr(dist, "broadcast_object", gone)
+    with pytest.raises(Terminated):
+        dist.main_first(dist.World(rank=0, size=2), load)
+    monkeypatch.setattr(dist, "broadcast_object", lambda obj, world: "ValueError")
+    with pytest.raises(dist.PeerFailed):  # another process: rank 0 failed, so this one ends quietly
+        dist.main_first(dist.World(rank=1, size=2), lambda: pytest.fail("must not run"))
+
+
+@pytest.mark.parametrize("batch, size, ok", [(1, 1, False), (2, 1, True), (2, 2, False), (4, 2, True)])
+def test_every_family_refuses_a_per_process_batch_of_one(batch, size, ok):
+    import torch
+
+    from speedrun import dist
+
+    world = dist.World(rank=0, size=size, local_size=size)
+    if ok:
+        dist.check(batch, world, torch.device("cpu"), False)
+    else:
+        with pytest.raises(ValueError, match="BatchNorm needs at least 2"):
+            dist.check(batch, world, torch.device("cpu"), False)
+
+
+def test_the_synthetic_cache_in_odd_states_is_named_or_written_again(tmp_path):
+    lines = []
+
+    def load(cache):
+        return imagenet_checks.load_data("synthetic", data_dir=cache, log=lines.append)
+
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / "imagenet-synthetic-v1").write_text("mine")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "imagenet-synthetic-v1").symlink_to(tmp_path / "nowhere")
+    for cache in ("file", "link"):
+        with pytest.raises(ValueError, match="is in the way of imagenet-debug's synthetic shards"):
+            load(tmp_path / cache)
+    assert (tmp_path / "file" / "imagenet-synthetic-v1").read_text() == "mine"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="is not a folder; set SPEEDRUN_DATA"):
+        load(tmp_path / "afile")
+    root = tmp_path / "ok" / "imagenet-synthetic-v1"
+    assert load(tmp_path / "ok").num_train == 640
+    (root / "train-index.npy").unlink()  # removed: written again
+    assert load(tmp_path / "ok").num_train == 640
+    with open(root / "train-00000.tar", "r+b") as f:  # cut short: found by the index check, written again
+        f.truncate(1000)
+    with pytest.warns(UserWarning, match="are damaged .* writing them again"):
+        assert load(tmp_path / "ok").num_train == 640
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["imagenet-synthetic-v1"]

@@ -63,10 +63,16 @@ def _prog() -> str:
     return "speedrun" if rank == "0" or size == "1" else f"speedrun[rank {_one_line(rank)[:8]}]"
 
 
+def other_rank() -> bool:
+    """A torchrun worker other than rank 0: it prints only its own fatal error (every process runs the same code,
+    so a warning, a usage error or --help is rank 0's to show)."""
+    return _prog() != "speedrun"
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     from speedrun.errors import SpeedrunWarning
 
-    if _prog() != "speedrun":  # under torchrun every process runs the same code: rank 0 shows its copy
+    if other_rank():
         return
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
     _say(f"speedrun: warning: {_one_line(message)}{kind}")
@@ -84,6 +90,8 @@ def _cli_signals_and_warnings():
     try:
         with warnings.catch_warnings():  # restores the filters and showwarning on exit
             warnings.simplefilter("default")
+            # a file a library left open when a signal cut its import short is not the user's business
+            warnings.simplefilter("ignore", ResourceWarning)
             warnings.showwarning = _show_warning
             yield
     finally:
@@ -133,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command not in DISTRIBUTED_COMMANDS and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         # K copies of a one-process command would each write the same report, file or table (or race on it)
-        _say(f"{_prog()}: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
-             f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
+        if not other_rank():  # every process refuses alike: rank 0 says it
+            _say(f"speedrun: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
+                 f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
         return EXIT_USAGE
     if args.command == "recipes":
         from speedrun import runs
@@ -178,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        if isinstance(exc, Terminated) and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+            # torchrun stops every process with SIGTERM when one fails, as it forwards the user's or a scheduler's
+            what = "terminated (SIGTERM: by the user or scheduler, or by torchrun after another process failed)"
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
         where = (f"{kept} finished run(s) kept in {path}" if kept and path else
                  f"{kept} finished run(s), no result file asked for" if kept else
@@ -213,7 +225,8 @@ def _kept(exc: BaseException) -> str:
     kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
     if not kept:
         return ""
-    return _one_line(f"; {kept} finished run(s) kept" + (f" in {path}" if path else " in the results database"))
+    return _one_line(f"; {kept} finished run(s) kept in {path}" if path else
+                     f"; {kept} finished run(s), no result file asked for")
 
 
 def _peer_lost(exc: BaseException) -> bool:

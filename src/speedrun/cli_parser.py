@@ -11,10 +11,17 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # argparse prints usage + error; we print one line
-        from speedrun.cli import EXIT_USAGE, _one_line, _say
+        from speedrun.cli import EXIT_USAGE, _one_line, _say, other_rank
 
-        _say(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)")
+        if not other_rank():  # under torchrun every process parses the same words: rank 0 says it
+            _say(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)")
         raise SystemExit(EXIT_USAGE)
+
+    def _print_message(self, message: str, file=None) -> None:  # --help, --version: rank 0's to show
+        from speedrun.cli import other_rank
+
+        if not other_rank():
+            super()._print_message(message, file)
 
 
 def _float(text: str) -> float:

@@ -266,7 +266,10 @@ def main_first(world: World, fn, *, everyone: bool = True):
         try:
             out = fn()
         except BaseException as e:
-            broadcast_object(type(e).__name__, world)
+            try:
+                broadcast_object(type(e).__name__, world)
+            except Exception:  # noqa: BLE001 -- the peers are gone already (torchrun stopped them): e is the news
+                pass
             raise
         broadcast_object(None, world)
         return out
@@ -284,10 +287,18 @@ def barrier(world: World) -> None:
 
 
 def check(batch: int, world: World, device: torch.device, sync_bn: bool) -> None:
-    """What running under torchrun asks of any family's config, before any data is read or step taken: the global
-    batch splits evenly over the processes, and SyncBatchNorm has CUDA devices (ValueError with the fix)."""
+    """What the batch and running under torchrun ask of any family's config, before any data is read or step
+    taken: the global batch splits evenly over the processes, each process's share can be batch-normalized, and
+    SyncBatchNorm has CUDA devices (ValueError with the fix)."""
     if world.size > 1:
         share(batch, world)
+    per_process = batch // world.size
+    if batch < 2 or (per_process < 2 and not sync_bn):  # SyncBatchNorm normalizes over the global batch
+        # BatchNorm in training normalizes each channel over the batch; where a net's map is 1x1 (a ResNet's last
+        # stage, a CIFAR net on small images) one image gives one value, and torch refuses it mid-run
+        raise ValueError(f"batch_size {batch} gives each of {world.size} process(es) {per_process} image(s) per "
+                         f"step, and BatchNorm needs at least 2; use batch_size >= {2 * world.size} "
+                         "(--set batch_size=...)")
     if sync_bn and device.type != "cuda":
         raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); leave it off "
                          "(--set sync_bn=false)")

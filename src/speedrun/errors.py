@@ -24,8 +24,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def note_kept(exc: BaseException, runs_kept: int, result_path) -> None:
-    """Tell the CLI's last line that `runs_kept` finished runs are in `result_path` (None: not written to a
-    file), after `exc` stopped a command part way (an interrupt carries the same two attributes)."""
+    """Tell the CLI's last line that `runs_kept` finished runs are in `result_path` (a result file, or the
+    database when no file was asked for; None: neither), after `exc` stopped a command part way (an interrupt
+    carries the same two attributes)."""
     try:
         exc.runs_kept, exc.result_path = runs_kept, result_path
     except AttributeError:  # an exception type without a __dict__: the line just says less

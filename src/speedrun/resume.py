@@ -41,7 +41,8 @@ class Plan:
     @classmethod
     def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, save, world: dist.World,
              json_path=None) -> Plan:
-        """The flags checked together, before any work; rank 0 checks the paths it will write."""
+        """The flags checked together, before any work; rank 0 checks the paths it will write, and under torchrun
+        its refusal ends the other processes too (dist.main_first: call this after dist.init)."""
         directory = None if checkpoint_dir is None else Path(os.fspath(checkpoint_dir)).expanduser()
         resume = None if resume is None else os.fspath(resume)
         if resume == "":
@@ -55,17 +56,24 @@ class Plan:
             resume = "auto"  # torchrun restarted the worker group: continue where the last checkpoint left off
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir).strip():  # Path("") would mean "."
             raise ValueError("--checkpoint-dir is empty; give a folder")
-        if directory is not None and world.is_main:
-            _check_writable_dir(directory)
-            if resume is None and list_checkpoints(directory):
-                raise ValueError(f"{printable(str(directory))} already holds checkpoints (of another command, or an "
-                                 "earlier one of this); add --resume auto to continue from them, or choose a new "
-                                 "--checkpoint-dir")
-        save_path = None
+        def check_paths():  # rank 0's: it writes them
+            if directory is not None:
+                _check_writable_dir(directory)
+                if resume is None and list_checkpoints(directory):
+                    raise ValueError(f"{printable(str(directory))} already holds checkpoints (of another command, or "
+                                     "an earlier one of this); add --resume auto to continue from them, or choose a "
+                                     "new --checkpoint-dir")
+            if save is not None:
+                from speedrun import saved
+
+                return saved.check_save_path(save)
+            return None
+
+        save_path = dist.main_first(world, check_paths, everyone=False)
         if save is not None:
             from speedrun import saved
 
-            save_path = saved.check_save_path(save) if world.is_main else Path(os.fspath(save))
+            save_path = save_path if world.is_main else Path(os.fspath(save))
             if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
                     p.resolve() for p in saved.model_paths(save)]:
                 raise ValueError(f"--save {printable(os.fspath(save))} would write the result file's name "
@@ -77,7 +85,7 @@ class Plan:
         if self.resume is None:
             return None
         where = self.directory if self.resume == "auto" else Path(self.resume).expanduser()
-        found = find_checkpoint(where, log) if world.is_main else None
+        found = dist.main_first(world, lambda: find_checkpoint(where, log), everyone=False)
         chosen = dist.broadcast_object(None if found is None else str(found[2]), world)
         if not world.is_main and chosen is not None:
             state, meta = load_checkpoint(chosen)

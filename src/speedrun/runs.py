@@ -216,11 +216,11 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     dev = dist.device_for(world, resolve_device(device))
     limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
     dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
-    plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world, json_path)
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
     written, claimed, in_step, database = False, None, False, None
     try:
+        plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, save, world, json_path)
         with warnings.catch_warnings():
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
@@ -345,7 +345,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                     with contextlib.suppress(Exception):  # the first failure is the one to report
                         save()
                     store()
-                note_kept(failure, len(result.runs), json_path if written else None)
+                if world.is_main:  # the others keep nothing (and their line, if any, says so)
+                    note_kept(failure, len(result.runs), json_path if written else db if database else None)
             raise
         store()
         report()

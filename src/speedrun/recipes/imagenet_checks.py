@@ -99,13 +99,27 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
         raise ValueError("the imagenet recipes need --dataset DIR: a folder written by `speedrun data prepare SRC "
                          "DIR` (README: preparing ImageNet)")
     if dataset == SYNTHETIC:
-        root = _synthetic_shards(Path(data_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser(),
-                                 log)
-    else:
-        root = Path(dataset).expanduser()
-        if not root.is_dir():
-            raise ValueError(f"--dataset {printable(dataset)} is not a folder; the imagenet recipes read what "
-                             "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
+        cache = Path(data_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser()
+        root = _synthetic_shards(cache, log)
+        try:
+            return _open_prepared(root, SYNTHETIC)
+        except (ValueError, OSError) as e:
+            # Our own cache, written whole (_synthetic_shards) and damaged since (files removed or cut short): the
+            # advice for a prepared folder ("prepare it again") would name a command the user never ran.
+            from speedrun.errors import warn
+
+            warn(f"the synthetic shards in {printable(str(root))} are damaged ({e}); writing them again")
+            _remove_synthetic(root)
+            return _open_prepared(_synthetic_shards(cache, log), SYNTHETIC)
+    root = Path(dataset).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"--dataset {printable(dataset)} is not a folder; the imagenet recipes read what "
+                         "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
+    return _open_prepared(root, root.name)
+
+
+def _open_prepared(root: Path, name: str) -> ShardData:
+    """A prepared folder's classes and split sizes, every index checked against its shards; nothing decoded."""
     classes = _classes(root)
     evals = [s for s in ("val", "test") if (root / f"{s}-index.npy").exists()]
     if not (root / "train-index.npy").exists() or not evals:
@@ -122,7 +136,7 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
             raise ValueError(f"{printable(str(root))}: the {split} split has label {int(labels.max())} but "
                              f"classes.json names {len(classes)} classes; run speedrun data prepare again")
         counts.append(len(labels))
-    return ShardData(name=SYNTHETIC if dataset == SYNTHETIC else root.name, root=str(root), train_split="train",
+    return ShardData(name=name, root=str(root), train_split="train",
                      eval_split=evals[0], classes=classes, num_train=counts[0], num_eval=counts[1],
                      mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
 
@@ -137,24 +151,46 @@ def _synthetic_shards(cache: Path, log) -> Path:
     import tempfile
 
     root = cache / "imagenet-synthetic-v1"
-    if (root / "classes.json").exists() and (root / "val-index.npy").exists():
+    if _whole(root):
         return root
-    cache.mkdir(parents=True, exist_ok=True)
+    if (root.exists() or root.is_symlink()) and not (root.is_dir() and not root.is_symlink()):
+        raise ValueError(f"{printable(str(root))} is in the way of imagenet-debug's synthetic shards (not a folder "
+                         "of ours); remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"the data cache {printable(str(cache))} is not a folder; set SPEEDRUN_DATA (--data-dir) "
+                         "to a folder") from None
     log(f"writing synthetic shards to {root}")
     own = Path(tempfile.mkdtemp(prefix=".imagenet-synthetic-v1.", dir=cache))
     try:
         write_synthetic_shards(own, 640, 160)
         own.chmod(0o755)  # mkdtemp's folder is private; a cache is as readable as its data
-        if root.is_dir() and not (root / "val-index.npy").exists():
-            shutil.rmtree(root)  # not whole: left by an older version, which wrote in place (copies are equal)
+        if root.is_dir() and not _whole(root):
+            shutil.rmtree(root)  # left by an older version, which wrote in place, or damaged (copies are equal)
         try:
             own.rename(root)
         except OSError:
-            if not (root / "val-index.npy").exists():  # not another writer's whole copy: a real failure
+            if not _whole(root):  # not another writer's whole copy: a real failure
                 raise
     finally:
         shutil.rmtree(own, ignore_errors=True)
     return root
+
+
+def _whole(root: Path) -> bool:
+    return root.is_dir() and all((root / f).exists() for f in ("classes.json", "train-index.npy", "val-index.npy"))
+
+
+def _remove_synthetic(root: Path) -> None:
+    """The damaged synthetic cache removed, so that _synthetic_shards writes it again (a symlink there is the
+    user's, not ours: refused)."""
+    import shutil
+
+    if root.is_symlink() or not root.is_dir():
+        raise ValueError(f"{printable(str(root))} holds damaged synthetic shards and is not a folder of ours; "
+                         "remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
+    shutil.rmtree(root)
 
 
 def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 10) -> Path:
@@ -209,13 +245,6 @@ def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str
 
 def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dist.World) -> list[str]:
     dist.check(cfg.batch_size, world, device, cfg.sync_bn)
-    per_process = cfg.batch_size // world.size
-    if cfg.batch_size < 2 or (per_process < 2 and not cfg.sync_bn):  # (SyncBatchNorm counts the global batch)
-        # BatchNorm in training normalizes each channel over the batch; the last stage's map is 1x1 after pooling
-        # at these sizes, so one image gives one value and torch refuses it mid-run ("Expected more than 1 value")
-        raise ValueError(f"batch_size {cfg.batch_size} gives each of {world.size} process(es) {per_process} image "
-                         f"per step, and BatchNorm needs at least 2; use batch_size >= {2 * world.size} "
-                         "(--set batch_size=...)")
     if device.type == "cpu" and cfg.channels_last == "on" and cfg.width < 16:
         raise ValueError(f"channels_last=on with width={cfg.width} crashes torch's CPU kernels (a segfault in the "
                          "backward pass at 224 px and up, measured with torch 2.13); use width >= 16 or "
