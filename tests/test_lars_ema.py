@@ -49,22 +49,33 @@ def test_lars_nesterov_step_by_hand():
     assert torch.allclose(w.detach(), torch.tensor([3.0, 3.81], dtype=torch.float64), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("nesterov", [False, True])
-@pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
-def test_lars_unadapted_group_is_torch_sgd_exactly(nesterov, weight_decay):
+def _twin_params() -> tuple[nn.Parameter, nn.Parameter]:
+    """Two equal (4, 3) parameters: ours, and a reference for torch's own optimizer."""
     torch.manual_seed(0)
     ours, ref = [nn.Parameter(torch.randn(4, 3)) for _ in range(2)]
     with torch.no_grad():
         ref.copy_(ours)
+    return ours, ref
+
+
+def _assert_same_steps(ours, ref, our_opt, ref_opt, steps: int = 5) -> None:
+    """The same gradients into both optimizers, step by step: the parameters stay bitwise equal."""
+    for step in range(steps):
+        grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
+        ours.grad, ref.grad = grad.clone(), grad.clone()
+        our_opt.step()
+        ref_opt.step()
+        assert torch.equal(ours, ref), step
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("weight_decay", [0.0, 5e-4])
+def test_lars_unadapted_group_is_torch_sgd_exactly(nesterov, weight_decay):
+    ours, ref = _twin_params()
     lars = Lars([{"params": [ours], "adapt": False}], lr=0.1, momentum=0.9, weight_decay=weight_decay,
                 nesterov=nesterov)
     sgd = torch.optim.SGD([ref], lr=0.1, momentum=0.9, weight_decay=weight_decay, nesterov=nesterov)
-    for step in range(5):
-        grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
-        ours.grad, ref.grad = grad.clone(), grad.clone()
-        lars.step()
-        sgd.step()
-        assert torch.equal(ours, ref), step
+    _assert_same_steps(ours, ref, lars, sgd)
 
 
 def test_lars_step_is_invariant_to_the_loss_scale():
@@ -140,19 +151,11 @@ def test_lamb_step_scales_with_the_weights():
 @pytest.mark.parametrize("weight_decay", [0.0, 0.05])
 def test_lamb_unadapted_group_is_torch_adamw_exactly(weight_decay):
     """Ratio 1 and r = m_hat/(sqrt(v_hat)+eps) + wd*w is AdamW's step; with wd 0 it is plain Adam."""
-    torch.manual_seed(0)
-    ours, ref = [nn.Parameter(torch.randn(4, 3)) for _ in range(2)]
-    with torch.no_grad():
-        ref.copy_(ours)
+    ours, ref = _twin_params()
     lamb = Lamb([{"params": [ours], "adapt": False}], lr=0.01, weight_decay=weight_decay)
     cls = torch.optim.AdamW if weight_decay else torch.optim.Adam
     adam = cls([ref], lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=weight_decay)
-    for step in range(5):
-        grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(step))
-        ours.grad, ref.grad = grad.clone(), grad.clone()
-        lamb.step()
-        adam.step()
-        assert torch.equal(ours, ref), step
+    _assert_same_steps(ours, ref, lamb, adam)
 
 
 def test_lamb_zero_norms_give_a_finite_step():
