@@ -126,11 +126,11 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
         clean = interrupt is None or getattr(interrupt, "in_step", False)
     finally:
         runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
-    env = environment(dev)
+    env, stop = environment(dev), stopped_by(interrupt)
     base_name = settings[0][0]
     base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
-              "world": world.to_dict(), **stopped_by(interrupt),
+              "world": world.to_dict(), **stop,
               "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
@@ -142,7 +142,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,
                                        config=dataclasses.asdict(cfg), runs=results[name], environment=env,
                                        runs_requested=runs, complete=interrupt is None,
-                                       interrupted=stopped_by(interrupt)["interrupted"],
+                                       interrupted=stop["interrupted"],
                                        timed_region=family.timed_region(cfg),
                                        world=world.to_dict(), command=f"bench {name}").to_dict()
                          for name, _, cfg in settings]

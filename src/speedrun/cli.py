@@ -63,6 +63,11 @@ def _prog() -> str:
     return "speedrun" if rank == "0" or size == "1" else f"speedrun[rank {_one_line(rank)[:8]}]"
 
 
+def _under_torchrun() -> bool:
+    """This process is one of several that torchrun started (WORLD_SIZE > 1)."""
+    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
+
+
 def other_rank() -> bool:
     """A torchrun worker other than rank 0: it prints only its own fatal error (every process runs the same code,
     so a warning, a usage error or --help is rank 0's to show)."""
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from speedrun.cli_parser import build_parser
 
     args = build_parser().parse_args(argv)
-    if args.command not in DISTRIBUTED_COMMANDS and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+    if args.command not in DISTRIBUTED_COMMANDS and _under_torchrun():
         # K copies of a one-process command would each write the same report, file or table (or race on it)
         if not other_rank():  # every process refuses alike: rank 0 says it
             _say(f"speedrun: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        if isinstance(exc, Terminated) and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
+        if isinstance(exc, Terminated) and _under_torchrun():
             # torchrun stops every process with SIGTERM when one fails, as it forwards the user's or a scheduler's
             what = "terminated (SIGTERM: by the user or scheduler, or by torchrun after another process failed)"
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)

@@ -178,7 +178,7 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
         if not order:                               # make a partial report, marked as such (then e is raised)
             raise
         interrupt = e
-    env = environment(dev)
+    env, stop = environment(dev), stopped_by(interrupt)
     results: list[dict] = []
     rows = []
     for name, changes in variants:
@@ -188,14 +188,14 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
             results.append(runner.Result(
                 recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=p["runs"],
                 environment=env, runs_requested=runs, complete=complete,
-                interrupted=stopped_by(interrupt)["interrupted"], timed_region=family.timed_region(cfg),
+                interrupted=stop["interrupted"], timed_region=family.timed_region(cfg),
                 world=world.to_dict(),
                 command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
             probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
         rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
     return {"benchmark": "to_target", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
             "world": world.to_dict(), "seed": seed, "max_probes": max_probes,
-            **stopped_by(interrupt),
+            **stop,
             "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
             "order": order, "variants": rows, "environment": env, "results": results}
 
