@@ -258,6 +258,8 @@ def prepare_all(files: list[SourceFile], pool: cf.ProcessPoolExecutor | None, wo
     except BrokenProcessPool:
         raise ValueError("a worker process of speedrun data prepare died (killed, or out of memory?); run again "
                          "with fewer --workers or a smaller --max-side-px") from None
-    finally:
-        for future in pending:  # an error or an interrupt: what has not started never will
-            future.cancel()
+    # After an error or an interrupt, the chunks not yet started are cancelled by worker_pool's shutdown
+    # (cancel_futures=True), in the pool's own management thread. Not here: a SIGTERM to the process group ends
+    # the workers too, and Python 3.11's management thread then marks every pending future failed without
+    # asking whether it was cancelled meanwhile: a future cancelled from this thread at that moment made it raise
+    # InvalidStateError and print a thread's traceback beside the one line (2 of 10 interrupted runs, measured).

@@ -283,7 +283,7 @@ def _write_split(split: str, files: list[SourceFile], stage: Path, report: Split
     def samples() -> Iterator[tuple[bytes, int]]:
         nonlocal next_log
         results = prepare_all(files, pool, workers, settings["max_side_px"], settings["quality"])
-        with contextlib.closing(results):  # on an error here, its chunks not yet started are cancelled at once
+        with contextlib.closing(results):  # on an error here, no more chunks are submitted
             for i, out in enumerate(results):
                 if isinstance(out, str):  # prepare_image's one line: it names the file and the fix
                     if on_error == "stop":
