@@ -1,0 +1,76 @@
+"""Files written by the previous version (tests/fixtures/previous_version/, made at commit 36626e0) still load: its
+result files, checkpoints, saved models and results database, each through the public API or the command."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import speedrun
+from speedrun.cli import main
+
+OLD = Path(__file__).parent / "fixtures" / "previous_version"
+# The cifar command that wrote the checkpoint, less its output flags (--resume replaces --checkpoint-every's start).
+CIFAR = ["train", "cifar10-94", "--dataset", "synthetic:train=256,test=64", "--device", "cpu", "--epochs", "1",
+         "--runs", "2", "--set", "batch_size=64", "--set", "widths=8,16,16", "--set", "whiten_images=64", "--quiet"]
+
+
+@pytest.mark.parametrize("name", ["cifar-model", "imagenet-model"])
+def test_a_saved_model_of_the_previous_version_loads_and_gives_its_logits(name):
+    model = speedrun.load(OLD / name)
+    c, h, w = model.image_shape
+    images = (torch.arange(2 * c * h * w) % 251).to(torch.uint8).reshape(2, c, h, w)
+    with torch.no_grad():
+        logits = model(images)
+    expected = torch.tensor(json.loads((OLD / "expected_logits.json").read_text())[name])
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_of_the_previous_version_resumes_to_that_versions_accuracy(tmp_path, monkeypatch, capsys):
+    """Run 2 resumed at its step 3 of 4 by this version ends at the accuracy the old version reached without
+    stopping (a deterministic CPU run), and the finished run 1 the checkpoint carries is kept as it was."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", folder / "ckpt-00001-000000003.safetensors")
+    assert main([*CIFAR, "--checkpoint-dir", "ck", "--resume", "auto", "--json", "new.json"]) == 0
+    old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "new.json"))
+    assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
+    assert [r["steps"] for r in new["runs"]] == [r["steps"] for r in old["runs"]] == [4, 4]
+    assert new["config"] == old["config"]
+
+
+def test_an_imagenet_checkpoint_of_the_previous_version_restores_into_a_train_state():
+    from speedrun.engine.checkpoint import load_checkpoint
+    from speedrun.recipes import get_recipe
+    from speedrun.recipes.imagenet import build_model, build_optimizer, TrainState
+    from speedrun.run.runner import make_config
+    from speedrun.tricks.ema import make_ema
+
+    state, meta = load_checkpoint(OLD / "imagenet-ckpt-00000-000000008.safetensors")
+    assert (meta["recipe"], meta["run"], meta["step"]) == ("imagenet-debug", 0, 8)
+    cfg = make_config(get_recipe("imagenet-debug"), None, meta["config"])
+    model = build_model(cfg, 3, meta["data"]["num_classes"])
+    train_state = TrainState(model, build_optimizer(cfg, model), make_ema(model, cfg.ema_decay, 1))
+    train_state.load_state_dict(state, total_steps=10)
+    assert (train_state.step, train_state.epochs_done) == (8, 0)
+    torch.testing.assert_close(model.state_dict()["head.weight"], state["model"]["head.weight"])
+
+
+@pytest.mark.parametrize("name", ["cifar-result.json", "imagenet-result.json"])
+def test_a_result_file_of_the_previous_version_imports_and_compares(name, tmp_path, capsys):
+    assert main(["results", "import", str(OLD / name), "--db", str(tmp_path / "r.db")]) == 0
+    assert main(["compare", str(OLD / name), str(OLD / name), "--db", str(tmp_path / "r.db")]) == 0
+    assert "same result" in capsys.readouterr().out
+
+
+def test_the_previous_versions_results_database_opens_lists_and_reports(tmp_path, capsys):
+    db = tmp_path / "old.db"
+    shutil.copy(OLD / "results-v2.db", db)
+    assert main(["results", "--db", str(db)]) == 0
+    listed = capsys.readouterr().out
+    assert "cifar10-94" in listed and "imagenet-debug" in listed
+    assert main(["report", "--db", str(db), "--out", str(tmp_path / "r.html")]) == 0
+    assert "imagenet-debug" in (tmp_path / "r.html").read_text()
