@@ -23,14 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from speedrun.results import device_label, environment, mean_std_text, write_json  # noqa: E402
-from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
+from speedrun.records.result_file import device_label, environment, mean_std_text, write_json  # noqa: E402
+from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
 
 
 def _train_seconds(src: Path, args: list[str], scratch: Path, tag: str) -> float:
     out = scratch / f"{tag}.json"
     env = dict(os.environ, PYTHONPATH=str(src), SPEEDRUN_RESULTS=str(scratch))
-    done = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *args, "--quiet", "--json", str(out)],
+    done = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *args, "--quiet", "--json", str(out)],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{tag}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -83,7 +83,7 @@ def main() -> int:
     ratio, rlo, rhi = ratio_ci95(new, base)
     _, p = welch_t_test(new, base)
     device = train_args[train_args.index("--device") + 1] if "--device" in train_args else "auto"
-    from speedrun.engine import resolve_device
+    from speedrun.engine.system import resolve_device
 
     report = {"benchmark": "ab_commits", "command": " ".join(["python", "benchmarks/ab_commits.py", *sys.argv[1:]]),
               "environment": environment(resolve_device(device)), "base": args.base,

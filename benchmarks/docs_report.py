@@ -45,8 +45,8 @@ def screenshot(html: Path, png: Path, chromium: str, width_px: int = 1280) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    from speedrun import db
-    from speedrun.cli import main as speedrun
+    from speedrun.records import db as db
+    from speedrun.cli.program import main as speedrun
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chromium", default=shutil.which("chromium"), help="the browser (default: chromium)")

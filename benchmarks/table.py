@@ -7,7 +7,7 @@ Each kind of result has its own table: `speedrun train --json` results go betwee
 `<!-- results:end -->`; the reports of benchmarks/vs_airbench.py and benchmarks/step_time.py (their "benchmark"
 field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
 scripts' own markdown(); `speedrun bench-loader --json` reports between `<!-- bench_loader:begin -->` ...,
-rendered by speedrun.bench_loader.markdown(). --write replaces the marked sections of the kinds given, so the
+rendered by speedrun.instruments.bench_loader.markdown(). --write replaces the marked sections of the kinds given, so the
 numbers in BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
 """
 
@@ -19,15 +19,15 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from speedrun.report_md import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
-from speedrun.results import device_label, load_result, mean_std_text
+from speedrun.report.markdown import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
+from speedrun.records.result_file import device_label, load_result, mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
 # scripts beside this one, each with markdown(report) -> str
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
-COMMAND_REPORTS = {"bench_loader": "speedrun.bench_loader"}
+COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader"}
 SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare")  # speedrun's own commands' reports
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")

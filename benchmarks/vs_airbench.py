@@ -63,9 +63,9 @@ import torch
 from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
-from speedrun.results import default_result_path, device_label, environment, mean_std_text, write_json
-from speedrun.runs import get_recipe, make_config
-from speedrun.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
+from speedrun.records.result_file import default_result_path, device_label, environment, mean_std_text, write_json
+from speedrun.run.runner import get_recipe, make_config
+from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
 
 AIRBENCH = "airbench94 0.1.8 (airbench.lib_airbench94.train94, defaults)"
 TIMED_REGION = ("whitening init + training + final TTA evaluation, CUDA events, synchronized; excludes data "

@@ -44,7 +44,7 @@ def load_benchmark(name: str):
 _PEAK_PRELUDE = """
 import resource, sys, json
 import numpy, torch, PIL.Image
-import speedrun.data.sources, speedrun.cli
+import speedrun.data.sources, speedrun.cli.program
 _base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 def _report(outcome):
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - _base

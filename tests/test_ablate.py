@@ -2,7 +2,7 @@
 
 import json
 
-from speedrun.cli import main
+from speedrun.cli.program import main
 from speedrun.recipes import cifar
 
 TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from speedrun import bench, db
-from speedrun.cli import main
+from speedrun.instruments import bench as bench
+from speedrun.records import db as db
+from speedrun.cli.program import main
 
 TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
         "--set", "widths=8,16,16", "--set", "whiten_images=64"]
@@ -47,7 +48,7 @@ def test_parse_vary():
 
 
 def test_an_interrupt_keeps_the_finished_runs_and_a_divergence_is_exit_3(tmp_path, capsys, monkeypatch):
-    from speedrun.engine import Diverged
+    from speedrun.engine.loop import Diverged
     from speedrun.recipes import cifar
 
     real, calls = cifar.train_run, []

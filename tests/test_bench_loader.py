@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from conftest import load_benchmark
-from speedrun.bench_loader import PlainImages, find_split, int_list, markdown
-from speedrun.cli import main
+from speedrun.instruments.bench_loader import PlainImages, find_split, int_list, markdown
+from speedrun.cli.program import main
 from speedrun.data.shards import write_split
-from speedrun.results import load_result
+from speedrun.records.result_file import load_result
 
 CLASSES = ("n001", "n002", "n003")
 

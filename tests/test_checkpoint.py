@@ -8,9 +8,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from speedrun import checkpoint as ck
-from speedrun.checkpoint import (CheckpointError, check_compatible, checkpoint_name, find_checkpoint,
-                                 list_checkpoints, load_checkpoint, save_checkpoint)
+from speedrun.engine import checkpoint as ck
+from speedrun.engine.checkpoint import (CheckpointError, check_compatible, checkpoint_name, find_checkpoint,
+    list_checkpoints, load_checkpoint, save_checkpoint)
 from speedrun.data import limits
 
 

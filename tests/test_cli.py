@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from speedrun.cli import main
+from speedrun.cli.program import main
 
 TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs", "0.5",
         "--set", "batch_size=32", "--set", "widths=8,16,16", "--set", "whiten_images=32"]
@@ -73,7 +73,7 @@ def test_train_writes_the_json_contract(tmp_path):
 
 
 def test_console_script_runs_and_prints_tables(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--json", str(tmp_path / "r.json")],
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *TINY, "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "device: cpu" in proc.stderr and "run 1/1" in proc.stderr and "test acc %" in proc.stdout
@@ -89,7 +89,7 @@ def test_python_api_returns_result_with_model():
 
 
 def test_interrupt_keeps_the_finished_runs(tmp_path, monkeypatch, capsys):
-    from speedrun import runs
+    from speedrun.run import runner as runs
     from speedrun.recipes import cifar
 
     calls = []

@@ -24,8 +24,8 @@ import urllib.request
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from speedrun import runs
-from speedrun.cli import main
+from speedrun.run import runner as runs
+from speedrun.cli.program import main
 from speedrun.models.cifar_net import output_side
 from speedrun.recipes import cifar
 

@@ -5,8 +5,9 @@ import json
 import pytest
 from scipy import stats as scipy_stats
 
-from speedrun import compare, db
-from speedrun.cli import main
+from speedrun.instruments import compare as compare
+from speedrun.records import db as db
+from speedrun.cli.program import main
 
 ONE = "benchmarks/results/issue7/cpu-cifar10jpeg-epochs1-1proc.json"
 TWO = "benchmarks/results/issue7/cpu-cifar10jpeg-epochs1-2proc.json"

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from speedrun import cost
-from speedrun.cli import main
+from speedrun.records import cost as cost
+from speedrun.cli.program import main
 
 SMALL = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
          "--set", "widths=8,16,16", "--set", "whiten_images=64", "--quiet"]

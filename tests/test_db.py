@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun import db
+from speedrun.records import db as db
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "benchmarks" / "results" / "issue7" / "cpu-cifar10jpeg-epochs1-1proc.json"

@@ -3,8 +3,8 @@
 import json
 import sqlite3
 
-from speedrun import db
-from speedrun.cli import main
+from speedrun.records import db as db
+from speedrun.cli.program import main
 
 SMALL = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
          "--set", "widths=8,16,16", "--set", "whiten_images=64", "--quiet"]

@@ -20,7 +20,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from conftest import make_tiny
-from speedrun.checkpoint import list_checkpoints
+from speedrun.engine.checkpoint import list_checkpoints
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 SPEEDRUN = ["-m", "speedrun", "train"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun import runs
-from speedrun.cli import main
+from speedrun.run import runner as runs
+from speedrun.cli.program import main
 from speedrun.recipes import cifar
 
 TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs", "0.5",
@@ -136,7 +136,7 @@ def test_the_cpu_allocators_error_is_out_of_memory_not_a_bug(monkeypatch, capsys
 
 def test_an_interrupt_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
     """Ctrl-C while torch and the data are imported (before any handler of the run) is exit 130, one line."""
-    from speedrun import cli
+    from speedrun.cli import program as cli
 
     def interrupted(*args):
         raise KeyboardInterrupt
@@ -158,7 +158,7 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
 
 
 def test_version():
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "--version"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("speedrun 0.")
 
 
@@ -217,7 +217,7 @@ def test_sigterm_keeps_finished_runs_and_exits_143(tmp_path):
     out = tmp_path / "r.json"
     argv = ["--dataset", "synthetic:train=2048,test=256", "--device", "cpu", "--epochs", "2", "--runs", "50",
             "--set", "batch_size=64", "--set", "widths=16,32,32", "--json", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli", "train", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli.program", "train", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until the file holds a finished run
@@ -303,7 +303,7 @@ def test_finite_loss_check_off_is_a_no_op(tiny):
 
 
 def test_write_json_never_writes_bare_nan(tmp_path):
-    from speedrun.results import write_json
+    from speedrun.records.result_file import write_json
 
     path = write_json(tmp_path / "x.json", {"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -math.inf}})
     assert _strict(path.read_text()) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
@@ -337,7 +337,7 @@ def test_quiet_prints_the_summary_and_n1_shows_no_spread(capsys, tmp_path):
 
 
 def test_piped_output_keeps_progress_and_does_not_wrap(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--epochs", "2",
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *TINY, "--epochs", "2",
                            "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "run 1/1: step 8/8 (100%)" in proc.stderr  # plain progress lines instead of a lost bar
@@ -408,7 +408,7 @@ def test_the_data_limit_holds_for_every_source(capsys, tmp_path, monkeypatch, no
 
 def test_after_the_first_interrupt_further_signals_are_ignored(monkeypatch, capsys):
     """A double Ctrl-C used to interrupt the interpreter's shutdown and print a traceback."""
-    from speedrun import cli
+    from speedrun.cli import program as cli
 
     def interrupted(*args):
         raise KeyboardInterrupt

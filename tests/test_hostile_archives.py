@@ -401,7 +401,7 @@ def test_named_dataset_given_the_wrong_kind_of_file(tmp_path, monkeypatch, capsy
     _one_line(str(err.value), str(renamed), "holds cifar100 batches, not cifar10")
     assert snapshot(cache) == set()
     # And from the command line: one line, exit 2.
-    from speedrun.cli import main
+    from speedrun.cli.program import main
 
     monkeypatch.setenv("SPEEDRUN_DATA", str(cache))
     assert main(["train", "--dataset", "mnist", "--data-dir", str(archive10), "--device", "cpu"]) == 2

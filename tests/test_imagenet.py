@@ -19,8 +19,9 @@ import torch
 from PIL import Image
 
 from speedrun.data.shards import write_split
-from speedrun.recipes import RECIPES, imagenet, imagenet_checks
-from speedrun.runs import train
+from speedrun.recipes import RECIPES, imagenet
+from speedrun.recipes.imagenet import data as imagenet_checks
+from speedrun.run.runner import train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -190,7 +191,7 @@ def test_two_processes_train_the_debug_recipe_under_torchrun(shards, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "two.json").read_text())
     assert result["world"]["processes"] == 2 and result["runs"][0]["accuracy"] > 0.6
-    from speedrun import db
+    from speedrun.records import db as db
 
     with db.connect(tmp_path / "two.db") as conn:  # rank 0 alone stores: one row, the job's
         [row] = db.query(conn)
@@ -198,7 +199,7 @@ def test_two_processes_train_the_debug_recipe_under_torchrun(shards, tmp_path):
 
 
 def test_the_cli_refuses_what_is_not_prepared_shards_in_one_line(tmp_path, capsys, monkeypatch):
-    from speedrun.cli import main
+    from speedrun.cli.program import main
 
     monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
     monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "results"))
@@ -278,7 +279,7 @@ def test_evaluation_decodes_at_least_the_centre_crops_full_size(shards, monkeypa
 
 
 def test_a_saved_imagenet_model_predicts_and_eval_says_what_scores_it(shards, tmp_path):
-    from speedrun.saved import evaluate_saved, load
+    from speedrun.run.export import evaluate_saved, load
 
     train("imagenet-debug", str(shards), device="cpu", summary=False, save=str(tmp_path / "m"))
     model = load(tmp_path / "m", torch.device("cpu"))

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from speedrun import db
-from speedrun.cli import main
-from speedrun.recipes import imagenet, imagenet_checks
+from speedrun.records import db as db
+from speedrun.cli.program import main
+from speedrun.recipes import imagenet
+from speedrun.recipes.imagenet import data as imagenet_checks
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -163,7 +164,7 @@ def test_rank_1_shows_no_warnings(monkeypatch, capsys):
     """Every process runs the same code, so a library's warning comes from each: rank 0 shows its copy."""
     import warnings
 
-    from speedrun import cli
+    from speedrun.cli import program as cli
 
     for rank, shown in (("1", False), ("0", True)):
         monkeypatch.setenv("WORLD_SIZE", "2")

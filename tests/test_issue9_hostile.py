@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from speedrun.cli import _one_line, main
+from speedrun.cli.program import _one_line, main
 from speedrun.data import shards
 from speedrun.data.prepare import prepare_image
 from speedrun.data.prepare_tree import prepare_tree

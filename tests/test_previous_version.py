@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import speedrun
-from speedrun.cli import main
+from speedrun.cli.program import main
 
 OLD = Path(__file__).parent / "fixtures" / "previous_version"
 # The cifar command that wrote the checkpoint, less its output flags (--resume replaces --checkpoint-every's start).

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-# The grammar of `speedrun`, without running anything. (When the package moves it to speedrun.cli.parser, this
+# The grammar of `speedrun`, without running anything. (When the package moves it to speedrun.cli.program.parser, this
 # import moves with it.)
-from speedrun.cli_parser import build_parser
+from speedrun.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -286,10 +286,10 @@ def test_the_flag_attribution_is_by_command():
 
 def test_speedrun_recipes_lists_every_recipe():
     """`main(["recipes"])`, in a fresh interpreter: runs.print_recipes binds sys.stdout when it is defined, so in
-    this process its lines go to whatever stream was sys.stdout when speedrun.runs was first imported."""
+    this process its lines go to whatever stream was sys.stdout when speedrun.run.runner was first imported."""
     from speedrun.recipes import RECIPES
 
-    code = "import sys; from speedrun.cli import main; sys.exit(main(['recipes']))"
+    code = "import sys; from speedrun.cli.program import main; sys.exit(main(['recipes']))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     listed = {line.split()[0] for line in done.stdout.splitlines() if line.strip()}
@@ -297,7 +297,7 @@ def test_speedrun_recipes_lists_every_recipe():
 
 
 def test_the_readme_results_command_runs(tmp_path, capfd):
-    from speedrun.cli import main
+    from speedrun.cli.program import main
 
     example = next(words for _, words in _shell_commands(README) if words[:1] == ["results"])
     assert main([*example, "--db", str(tmp_path / "results.db")]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from speedrun.recipes import cifar
-from speedrun.runs import RECIPES, get_recipe, make_config
+from speedrun.run.runner import RECIPES, get_recipe, make_config
 
 from conftest import make_tiny
 

@@ -10,8 +10,9 @@ import pytest
 
 import test_db
 from conftest import load_benchmark
-from speedrun import db, report
-from speedrun.cli import main
+from speedrun.records import db as db
+from speedrun.report import queries as report
+from speedrun.cli.program import main
 
 docs_report = load_benchmark("docs_report")
 

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from speedrun import db
-from speedrun.cli import main
+from speedrun.records import db as db
+from speedrun.cli.program import main
 from test_report import make_result
 
 ABLATE = {"benchmark": "ablate", "recipe": "cifar10-94", "dataset": "d", "device": "cpu", "runs": 2,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from speedrun import results
-from speedrun.results import default_result_path, environment, load_result, write_json
-from speedrun.stats import summarize
+from speedrun.records import result_file as results
+from speedrun.records.result_file import default_result_path, environment, load_result, write_json
+from speedrun.records.stats import summarize
 
 ENV_KEYS = {"python", "platform", "hostname", "torch", "torch_cuda", "cudnn", "device_type", "device_name",
             "cpu_threads", "gpu_driver", "git_commit", "git_dirty", "speedrun_version", "timestamp_utc"}

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 import speedrun
-from speedrun.checkpoint import list_checkpoints
-from speedrun.cli import main
+from speedrun.engine.checkpoint import list_checkpoints
+from speedrun.cli.program import main
 
 SMALL = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "2", "--set", "batch_size=64",
          "--set", "widths=8,16,16", "--set", "whiten_images=64", "--quiet"]
@@ -140,7 +140,7 @@ def _interrupted_at_run(n: int, monkeypatch):
 def _craft(directory: str, change) -> Path:
     """The newest checkpoint in `directory`, changed by `change(state, meta)` and written again: a valid file
     (checksum and all) whose content is wrong, as a hostile or buggy writer could make it."""
-    from speedrun.checkpoint import load_checkpoint, save_checkpoint
+    from speedrun.engine.checkpoint import load_checkpoint, save_checkpoint
 
     newest = list_checkpoints(Path(directory))[0]
     state, meta = load_checkpoint(newest)

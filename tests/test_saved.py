@@ -19,9 +19,9 @@ import torch
 from conftest import make_tiny
 from PIL import Image
 
-from speedrun import saved
+from speedrun.run import export as saved
 from speedrun.data.loader import normalize
-from speedrun.engine import evaluate
+from speedrun.engine.loop import evaluate
 from speedrun.recipes import cifar
 from speedrun.tricks.tta import tta_logits
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from speedrun.stats import (Summary, diff_ci95, mean_diff_test, ratio_ci95, summarize, t_cdf, t_quantile, welch_df,
-                            welch_t_test)
+from speedrun.records.stats import (Summary, diff_ci95, mean_diff_test, ratio_ci95, summarize, t_cdf, t_quantile,
+    welch_df, welch_t_test)
 
 # Welch's t-test example 1 from Wikipedia ("Welch's t-test", Examples): t = -2.46, df = 25.0, p = 0.021.
 A1 = [27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4]

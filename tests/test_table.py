@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from conftest import load_benchmark
-from speedrun.cli import main as speedrun_main
+from speedrun.cli.program import main as speedrun_main
 
 table = load_benchmark("table")
 

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from speedrun import db, to_target
-from speedrun.cli import main
-from speedrun.engine import Diverged, RunResult
+from speedrun.records import db as db
+from speedrun.instruments import to_target as to_target
+from speedrun.cli.program import main
+from speedrun.engine.loop import Diverged, RunResult
 from speedrun.recipes import cifar
 
 from test_ablate import TINY

@@ -9,18 +9,23 @@ Nothing here runs at import time; torch is imported only when train() is called.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["train", "Result", "RECIPES", "load"]
+from speedrun._version import __version__
+
+__all__ = ["__version__", "train", "Result", "RECIPES", "load"]
 
 
 def __getattr__(name: str):
     # Lazy re-exports: `import speedrun` (and `speedrun --help`) stay fast and import no torch.
-    if name in ("train", "Result", "RECIPES"):
-        from speedrun import runs
+    if name == "RECIPES":
+        from speedrun.recipes import RECIPES
 
-        return getattr(runs, name)
+        return RECIPES
+    if name in ("train", "Result"):
+        from speedrun.run import runner
+
+        return getattr(runner, name)
     if name == "load":
-        from speedrun import saved
+        from speedrun.run import export
 
-        return saved.load
+        return export.load
     raise AttributeError(f"module 'speedrun' has no attribute {name!r}")

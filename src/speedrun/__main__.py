@@ -2,6 +2,6 @@
 
 import sys
 
-from speedrun.cli import entry
+from speedrun.cli.program import entry
 
 sys.exit(entry())

@@ -13,7 +13,7 @@ import typing
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
 
-def _field_types(cfg_cls: type) -> dict[str, Any]:
+def field_types(cfg_cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cfg_cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
 
@@ -106,7 +106,7 @@ RUN_OPTIONS = {"seed": "--seed", "runs": "--runs", "device": "--device", "datase
 
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """A copy of dataclass `cfg` with `overrides` applied; string values are parsed by the field's type."""
-    types = _field_types(type(cfg))
+    types = field_types(type(cfg))
     changes = {}
     for key, value in overrides.items():
         if key not in types:
@@ -153,3 +153,9 @@ class SystemConfig:
 
 # System settings that change how fast a run goes, never what it computes: a resumed run may change them.
 SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss"})
+
+
+def check_int(name: str, flag: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} ({flag}) must be an integer in [{low}, {high}], got {value!r}")
+    return value

@@ -47,7 +47,7 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _REDUCING_GAP = 3.0
 
 
-def _reason(e: BaseException) -> str:
+def refusal_reason(e: BaseException) -> str:
     """`Type: message` on one line; an OSError's strerror only, since our message names the file already."""
     text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
     return printable(" ".join(f"{type(e).__name__}: {text}".split()))[:200]
@@ -73,16 +73,16 @@ def _entries(directory: Path) -> list[os.DirEntry]:
         with os.scandir(directory) as it:
             return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError as e:
-        raise ValueError(f"cannot list {printable(str(directory))} ({_reason(e)}); make it a readable folder") from None
+        raise ValueError(f"cannot list {printable(str(directory))} ({refusal_reason(e)}); make it a readable folder") from None
 
 
-def _class_dirs(split_dir: Path) -> list[str]:
+def class_dirs(split_dir: Path) -> list[str]:
     names = []
     for e in _entries(split_dir):
         try:
             is_dir = e.is_dir()  # follows symlinks; a symlink loop raises ELOOP here
         except OSError as err:
-            raise ValueError(f"cannot read {printable(e.path)} ({_reason(err)}); fix or remove it") from None
+            raise ValueError(f"cannot read {printable(e.path)} ({refusal_reason(err)}); fix or remove it") from None
         if is_dir:
             names.append(e.name)
     return names
@@ -97,7 +97,7 @@ def _image_file(e: os.DirEntry, rel: str, label: int) -> ImageFile:
     except OSError as err:
         if isinstance(err, FileNotFoundError) and e.is_symlink():
             raise ValueError(f"{shown} is a symlink to a missing file; fix the link or remove it") from None
-        raise ValueError(f"cannot read {shown} ({_reason(err)}); fix or remove it") from None
+        raise ValueError(f"cannot read {shown} ({refusal_reason(err)}); fix or remove it") from None
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{shown} is named like an image but is not a regular file; rename or remove it")
     return ImageFile(e.path, rel, label, st.st_size, st.st_mtime_ns)
@@ -108,11 +108,11 @@ def list_images(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
 
     Class names are returned printable (see `printable`); the files keep their names as they are on disk.
     """
-    classes = _class_dirs(root / "train")
+    classes = class_dirs(root / "train")
     if not classes:
         raise ValueError(f"{printable(str(root / 'train'))} has no class folders; lay images out as "
                          "train/<class>/<image>")
-    test_classes = _class_dirs(root / "test")
+    test_classes = class_dirs(root / "test")
     if test_classes != classes:
         only_train = [printable(c) for c in sorted(set(classes) - set(test_classes))]
         only_test = [printable(c) for c in sorted(set(test_classes) - set(classes))]
@@ -148,19 +148,19 @@ def fingerprint(root: Path, splits: dict[str, list[ImageFile]]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-class _Refused(ValueError):
+class Refused(ValueError):
     """One file refused, its one-line message written; `decode` re-raises it as a plain ValueError."""
 
 
 @contextlib.contextmanager
-def _opened(path: str) -> Iterator[Image.Image]:
+def open_image(path: str) -> Iterator[Image.Image]:
     """Image.open(path) limited to JPEG and PNG. Every file, the first included, is read inside this block, so
     whatever fails in it (opening, the header, decoding) leaves as one ValueError naming the file."""
     shown = printable(path)
     try:
         # Checked before opening: a FIFO would block open() forever, /dev/zero would never end.
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise _Refused(f"{shown} is not a regular file; remove it from the image folder")
+            raise Refused(f"{shown} is not a regular file; remove it from the image folder")
         with warnings.catch_warnings():  # 1 us per image
             # Pillow's warnings are about its own handling, once per file and without the file's name: above
             # 89 Mpx (our own, lower limit refuses such a file with one line), a palette with transparency (we drop
@@ -169,41 +169,41 @@ def _opened(path: str) -> Iterator[Image.Image]:
             warnings.filterwarnings("ignore", module=r"PIL\.")
             with Image.open(path, formats=_FORMATS) as im:
                 yield im
-    except _Refused:
+    except Refused:
         raise
     except Image.UnidentifiedImageError:
-        raise _Refused(f"{shown} is not a JPEG or PNG image; delete it or convert it to PNG") from None
+        raise Refused(f"{shown} is not a JPEG or PNG image; delete it or convert it to PNG") from None
     except Image.DecompressionBombError as e:
         # Raised by Image.open above 2 x Image.MAX_IMAGE_PIXELS (179 Mpx), before our own header check can run.
-        raise _Refused(f"{shown} claims too many pixels ({_reason(e)}); the limit is "
+        raise Refused(f"{shown} claims too many pixels ({refusal_reason(e)}); the limit is "
                        f"{limits.MAX_SOURCE_PIXELS:,} per image: shrink it or remove it") from None
     # Broad on purpose: for a damaged file Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError,
     # struct.error, zlib.error, IndexError ..., and every one means "this file cannot be read".
     except Exception as e:  # noqa: BLE001
-        raise _Refused(f"cannot read {shown} ({_reason(e)}); delete or replace it") from None
+        raise Refused(f"cannot read {shown} ({refusal_reason(e)}); delete or replace it") from None
 
 
 # Pillow's modes for a 16-bit grayscale PNG (I;16 from Pillow 10 on; I, 32-bit, before).
 GREY_16BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
 
 
-def _check_header(path: str, im: Image.Image, image_size: int | None, grey_16bit: bool = False) -> None:
+def check_header(path: str, im: Image.Image, image_size: int | None, grey_16bit: bool = False) -> None:
     """Refuse by the header's claim alone: Image.open has read no pixel yet. grey_16bit: 16-bit grayscale is
     accepted (data prepare scales it to 8 bits)."""
     w, h = im.size
     if w * h > limits.MAX_SOURCE_PIXELS or max(w, h) > limits.MAX_SOURCE_SIDE_PX:
-        raise _Refused(f"{printable(path)} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
+        raise Refused(f"{printable(path)} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
                        f"per image or {limits.MAX_SOURCE_SIDE_PX} per side; shrink it or remove it")
     if im.format == "JPEG" and im.info.get("progressive"):
         scans = _jpeg_scans(path)
         if scans > limits.MAX_JPEG_SCANS:
-            raise _Refused(f"{printable(path)} is a progressive JPEG of {scans} scans, over the "
+            raise Refused(f"{printable(path)} is a progressive JPEG of {scans} scans, over the "
                            f"{limits.MAX_JPEG_SCANS} any encoder writes; re-encode it or remove it")
     if image_size is None and max(w, h) > limits.MAX_IMAGE_SIDE_PX:
-        raise _Refused(f"{printable(path)} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
+        raise Refused(f"{printable(path)} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
                        "resizing; pass image_size (--image-size N) to resize every image to N x N")
     if im.mode.startswith(("I", "F")) and not (grey_16bit and im.mode in GREY_16BIT_MODES):
-        raise _Refused(f"{printable(path)} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
+        raise Refused(f"{printable(path)} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
 
 
 def _jpeg_scans(path: str) -> int:
@@ -221,19 +221,19 @@ def _jpeg_scans(path: str) -> int:
 
 def _header_size(path: str) -> tuple[int, int]:
     """(width, height) from the header, checked; no pixel is decoded."""
-    with _opened(path) as im:
-        _check_header(path, im, None)
+    with open_image(path) as im:
+        check_header(path, im, None)
         return im.size
 
 
 def _read(path: str, image_size: int | None, ref: tuple[str, tuple[int, int]] | None) -> np.ndarray:
     """One image: (H, W) uint8 if it has no colour, else (H, W, 3). With image_size=N it is scaled so its
     shorter side is N and centre-cropped to N x N; without, it must match `ref` (path, (width, height))."""
-    with _opened(path) as im:
-        _check_header(path, im, image_size)
+    with open_image(path) as im:
+        check_header(path, im, image_size)
         if image_size is None and ref is not None and im.size != ref[1]:
             (w, h), (rw, rh) = im.size, ref[1]
-            raise _Refused(f"all images must have one size: {printable(path)} is {w}x{h} but {printable(ref[0])} "
+            raise Refused(f"all images must have one size: {printable(path)} is {w}x{h} but {printable(ref[0])} "
                            f"is {rw}x{rh}; pass image_size (--image-size N) to resize every image to N x N")
         mode = "L" if im.mode in _GRAY_MODES else "RGB"
         if image_size is not None:
@@ -258,7 +258,7 @@ def decode_one(path: str, image_size: int | None = None) -> np.ndarray:
     resize as `decode` (for `speedrun predict`). A file that cannot be used raises one ValueError naming it."""
     try:
         pixels = _read(path, image_size, None)
-    except _Refused as e:  # the folder reader's advice is for a dataset's files; this one is the user's input
+    except Refused as e:  # the folder reader's advice is for a dataset's files; this one is the user's input
         raise ValueError(str(e).replace("; delete it or convert it to PNG", "; give a JPEG or PNG file")) from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
@@ -293,11 +293,11 @@ def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int
                 return
             end = min(start + _CHUNK, len(paths))
             _decode_into(paths[start:end], out[start:end], gray[start:end], image_size, ref)
-    except _Refused as e:
+    except Refused as e:
         errors.send(str(e))
         sys.exit(1)  # SystemExit: the process ends with code 1 and prints nothing
     except Exception as e:  # noqa: BLE001 -- a worker prints no traceback either: the parent reports one line
-        errors.send(f"a decode worker failed ({_reason(e)})")
+        errors.send(f"a decode worker failed ({refusal_reason(e)})")
         sys.exit(1)
 
 
@@ -335,12 +335,12 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
                 proc.join()
                 if proc.exitcode != 0:
                     try:
-                        raise _Refused(receive.recv())  # the file it refused; never blocks: both write ends are closed
+                        raise Refused(receive.recv())  # the file it refused; never blocks: both write ends are closed
                     except EOFError:  # it died without a word
                         pass
                     how = (f"killed by signal {-proc.exitcode}; out of memory?" if proc.exitcode < 0
                            else f"exit code {proc.exitcode}")
-                    raise _Refused(f"{printable(source)}: a decode worker died ({how}); free memory or decode fewer "
+                    raise Refused(f"{printable(source)}: a decode worker died ({how}); free memory or decode fewer "
                                    "images")
     finally:
         for proc, receive in procs:
@@ -387,7 +387,7 @@ def decode(paths: list[str], workers: int | None = None, *, image_size: int | No
             out = np.empty((len(paths), 3, h, w), dtype=np.uint8)  # (N, 3, H, W)
             gray = np.zeros(len(paths), dtype=bool)
             _decode_into(paths, out, gray, image_size, ref)
-    except _Refused as e:
+    except Refused as e:
         raise ValueError(str(e)) from None  # a plain ValueError, and no chained context: one line
     if gray.all():
         return np.ascontiguousarray(out[:, :1])  # (N, 1, H, W)

@@ -77,8 +77,8 @@ def prepare_image(path: str, max_side_px: int, quality: int) -> Prepared:
     """The file at `path` as a Prepared image (see the module). Raises ValueError naming the file."""
     check_settings(max_side_px, quality)
     try:
-        with folder._opened(path) as im:  # JPEG or PNG by content, the file checked
-            folder._check_header(path, im, max_side_px, grey_16bit=True)
+        with folder.open_image(path) as im:  # JPEG or PNG by content, the file checked
+            folder.check_header(path, im, max_side_px, grey_16bit=True)
             source_format, source_mode = im.format, im.mode
             # JPEG only: decode at 1/2, 1/4 or 1/8 scale while the longer side stays >= max_side_px.
             if max(im.size) > max_side_px:
@@ -98,7 +98,7 @@ def prepare_image(path: str, max_side_px: int, quality: int) -> Prepared:
             # exif_transpose applies 2 to 8 only; 0, 9, 65535 or a string in a hostile file change nothing.
             return Prepared(buf.getvalue(), rgb.width, rgb.height, source_format, source_mode,
                             orientation in range(2, 9), resized)
-    except folder._Refused as e:  # whatever failed inside the block (a file that does not decode to its end too)
+    except folder.Refused as e:  # whatever failed inside the block (a file that does not decode to its end too)
         raise ValueError(str(e)) from None
 
 
@@ -115,7 +115,7 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
     """(class names, printable; {split: image files in (class, name) order}; {split: other entries}), the layout
     checked (see the module). Only two levels are read, split/class/file, so no symlink loop is ever followed."""
     split_dirs = {s: src / s for s in SPLITS if (src / s).is_dir()} or {"train": src}
-    folders = {s: folder._class_dirs(d) for s, d in split_dirs.items()}  # sorted, hidden ones left out
+    folders = {s: folder.class_dirs(d) for s, d in split_dirs.items()}  # sorted, hidden ones left out
     index = folders["train"] if "train" in folders else sorted(set().union(*folders.values()))
     if not index:
         raise ValueError(f"{printable(str(src))} has no class folders; lay images out as SRC/train/<class>/<image> "
@@ -155,7 +155,7 @@ def _class_files(directory: Path, name: str, label: int) -> tuple[list[SourceFil
         with os.scandir(directory) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError as e:
-        raise ValueError(f"cannot list {printable(str(directory))} ({folder._reason(e)}); make it a readable "
+        raise ValueError(f"cannot list {printable(str(directory))} ({folder.refusal_reason(e)}); make it a readable "
                          "folder") from None
     files = []
     for e in entries:

@@ -192,7 +192,7 @@ def _paths(src: str | os.PathLike, dst: str | os.PathLike) -> tuple[Path, Path]:
     try:
         src_dir, dst_dir = Path(src).resolve(), Path(dst).resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError after
-        raise ValueError(f"cannot resolve {shown_src} or {shown_dst} ({folder._reason(e)}); fix the link") from None
+        raise ValueError(f"cannot resolve {shown_src} or {shown_dst} ({folder.refusal_reason(e)}); fix the link") from None
     if not src_dir.is_dir():
         what = "is not a folder" if src_dir.exists() else "does not exist"
         raise ValueError(f"SRC {shown_src} {what}; give the folder that holds train/ (and val/ or test/) or the "
@@ -209,7 +209,7 @@ def _read_small(path: Path, limit: int) -> bytes | None:
     """At most limit + 1 bytes of a regular file, or None: never blocks on a FIFO nor reads /dev/zero forever, and
     a folder in the file's place is None too."""
     try:
-        fd = shards._open_regular(path)
+        fd = shards.open_regular(path)
     except OSError:
         return None
     with open(fd, "rb") as f:  # closes fd
@@ -266,7 +266,7 @@ def _check_targets(dst: Path, names: list[str]) -> None:
         except FileNotFoundError:
             continue
         except OSError as e:
-            raise ValueError(f"cannot check {printable(str(path))} ({folder._reason(e)}); fix it or choose another "
+            raise ValueError(f"cannot check {printable(str(path))} ({folder.refusal_reason(e)}); fix it or choose another "
                              "DST") from None
         if stat.S_ISDIR(mode):
             raise ValueError(f"{printable(str(path))} is a folder, and speedrun data prepare writes its {name} "
@@ -362,6 +362,6 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from speedrun.results import write_text  # deferred: it imports torch (a second), which preparing never needs
+    from speedrun.records.result_file import write_text  # deferred: it imports torch (a second), which preparing never needs
 
     write_text(path, data.decode("utf-8"))

@@ -83,7 +83,7 @@ def write_split(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, s
         raise
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path) -> int:
     """A read-only descriptor of a regular file: a FIFO (which would block open() and read() forever), a folder or
     a device named like our file is an OSError, never a hang."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -98,7 +98,7 @@ def _load_index(path: Path, where: str) -> np.ndarray:
     allocated (np.load allocates what the header claims: 29 TiB for a 128-byte file), never unpickled."""
     fix = "run speedrun data prepare again"
     try:
-        fd = _open_regular(path)
+        fd = open_regular(path)
     except OSError as e:
         raise ValueError(f"cannot read the shard index {where} ({e.strerror or e}); {fix}") from None
     with open(fd, "rb") as f:
@@ -177,7 +177,7 @@ class Shards:
         try:
             fd = self._fds.get(number)
             if fd is None:
-                fd = _open_regular(self.root / shard_name(self.split, number))
+                fd = open_regular(self.root / shard_name(self.split, number))
                 self._fds[number] = fd
             data = os.pread(fd, size, offset)
         except OSError as e:

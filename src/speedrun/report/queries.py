@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from speedrun.errors import printable
-from speedrun.report_charts import finite
+from speedrun.report.charts import finite
 
 GENERATOR = '<meta name="generator" content="speedrun report">'
 # Bounds, so that a database holding anything draws a page of bounded size in bounded time and memory.
@@ -33,7 +33,7 @@ ROWS_PER_BOARD, CURVES_PER_CHART, POINTS_PER_CHART = 25, 8, 300
 MAX_BOARDS, MAX_REPORTS, MAX_ITEMS = 30, 20, 60  # leaderboards; reports shown; rows of one report's table
 MAX_HISTORY_CHARS, MAX_EPOCHS = 2_000_000, 1000  # one run's stored history; points on one curve
 MAX_REPORT_CHARS = 64 * 2**20  # results.MAX_RESULT_BYTES: what `results import` takes
-_NO_TARGET = "no target"
+NO_TARGET = "no target"
 
 
 def _json_at(path: str) -> str:  # json_extract raises on text that is not JSON: ask json_valid first
@@ -53,7 +53,7 @@ _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accur
          "cuda"]
 
 
-def _text(value, limit: int = 400) -> str:
+def clip_text(value, limit: int = 400) -> str:
     """A stored value as one printable line of at most `limit` characters (a command can be long; a name is not)."""
     text = printable(" ".join(str("" if value is None else value).split()))
     return text if len(text) <= limit else text[:limit - 1] + "…"
@@ -83,7 +83,7 @@ def _clean(values) -> dict | None:
                seconds=_within(row["seconds"], 1e-9, 1e9),
                std_seconds=_within(row["std_seconds"], 0.0, 1e9) if spread else None,
                hit_rate=_within(row["hit_rate"], 0.0, 1.0), cost=_within(row["cost"], 0.0, 1e9),
-               target=_within(row["target"], 1e-9, 1.0), date=_text(row["date"], 40),
+               target=_within(row["target"], 1e-9, 1.0), date=clip_text(row["date"], 40),
                processes=_within(row["processes"], 1, 10**6), dirty=row["dirty"] in (1, True))
     return row
 
@@ -99,7 +99,7 @@ def family_of(recipe) -> str:
 
 def board_name(board: dict) -> str:
     """"../data/cifar10 (cifar family)": what a leaderboard and its charts are about."""
-    return f"{_text(board['dataset'], 200)} ({board['family']} family)"
+    return f"{clip_text(board['dataset'], 200)} ({board['family']} family)"
 
 
 def leaderboards(conn: sqlite3.Connection) -> list[dict]:
@@ -109,7 +109,7 @@ def leaderboards(conn: sqlite3.Connection) -> list[dict]:
     for values in conn.execute(_LEADERBOARD_SQL):
         row = _clean(values)
         if row is not None:
-            key = (_text(row["dataset"], 300), family_of(row["recipe"]), row["target"])
+            key = (clip_text(row["dataset"], 300), family_of(row["recipe"]), row["target"])
             groups.setdefault(key, []).append(row)
     boards = []
     for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):
@@ -124,29 +124,29 @@ def leaderboards(conn: sqlite3.Connection) -> list[dict]:
     return boards
 
 
-def _reached(row: dict) -> bool:
+def has_reached(row: dict) -> bool:
     return row["target"] is not None and row["accuracy"] >= row["target"]
 
 
-def _pm(value, std, scale: float = 1.0, digits: int = 2) -> str:
+def pm_text(value, std, scale: float = 1.0, digits: int = 2) -> str:
     value, std = finite(value), finite(std)
     if value is None:
         return "-"
     return f"{value * scale:.{digits}f}" + ("" if std is None else f" ± {std * scale:.{digits}f}")
 
 
-def _hits(row: dict) -> str:
+def hits_text(row: dict) -> str:
     return "-" if row["hit_rate"] is None else f"{round(row['hit_rate'] * row['n'])}/{row['n']}"
 
 
-def _fingerprint(row: dict) -> str:
+def fingerprint_text(row: dict) -> str:
     commit = "-" if not isinstance(row["commit"], str) else row["commit"][:10] + ("+dirty" if row["dirty"] else "")
-    return " · ".join(_text(part, 60) for part in (
+    return " · ".join(clip_text(part, 60) for part in (
         f"commit {commit}", f"torch {row['torch'] or '-'}", f"CUDA {row['cuda'] or '-'}",
         f"driver {row['driver'] or '-'}", f"{int(row['processes'] or 1)} process(es)"))
 
 
-def _newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dict]:
+def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dict]:
     """The newest complete report of each kind per (recipe, dataset, device), or, where none is complete, the
     newest partial one; dicts with "_id", "_date" and "_partial"; at most MAX_REPORTS."""
     chosen: dict[tuple, dict] = {}
@@ -159,14 +159,14 @@ def _newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[di
             continue  # the database stores strict JSON; a file edited by hand is skipped, not fatal
         if not isinstance(report, dict):
             continue
-        key = tuple(_text(report.get(k), 200) for k in ("benchmark", "recipe", "dataset", "device"))
+        key = tuple(clip_text(report.get(k), 200) for k in ("benchmark", "recipe", "dataset", "device"))
         partial = report.get("complete") is not True or report.get("interrupted") is True
         if key not in chosen or (chosen[key]["_partial"] and not partial):
-            chosen[key] = {**report, "_id": id_, "_date": _text(date, 40), "_partial": partial}
+            chosen[key] = {**report, "_id": id_, "_date": clip_text(date, 40), "_partial": partial}
     return list(chosen.values())[:MAX_REPORTS]
 
 
-def _curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:
+def accuracy_curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:
     """Per result: the mean test accuracy after each epoch over its finished runs (epochs that every run has)."""
     curves = []
     for row in rows[:CURVES_PER_CHART]:
@@ -185,8 +185,8 @@ def _curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:
                 runs.append(points)
         length = min((len(points) for points in runs), default=0)
         if length:
-            device = _text(row["device_name"] or row["device"], 30)
-            curves.append({"label": f"#{row['id']} {_text(row['recipe'], 40)}, {device}, n={len(runs)}, "
+            device = clip_text(row["device_name"] or row["device"], 30)
+            curves.append({"label": f"#{row['id']} {clip_text(row['recipe'], 40)}, {device}, n={len(runs)}, "
                                     f"{row['date'][:10]}",
                            "epochs": [e for e, _ in runs[0][:length]],
                            "accuracy": [sum(points[i][1] for points in runs) / len(runs) for i in range(length)]})
@@ -208,18 +208,18 @@ def _interval(value, ci) -> tuple:
     return value, low, high
 
 
-def _ablation_rows(report: dict) -> list[dict]:
+def ablation_rows(report: dict) -> list[dict]:
     rows = []
     for r in _items(report.get("tricks")):
         gain, low, high = _interval(r.get("gain_accuracy"), r.get("gain_ci95"))
         if r.get("measured") is True and gain is not None:
-            rows.append({"trick": _text(r.get("trick"), 60), "off": _text(r.get("off"), 30), "gain": gain,
+            rows.append({"trick": clip_text(r.get("trick"), 60), "off": clip_text(r.get("off"), 30), "gain": gain,
                          "low": low, "high": high, "p": _within(r.get("p"), 0.0, 1.0),
-                         "ratio": _within(r.get("time_ratio_off"), 0.0, 1e6), "what": _text(r.get("what"), 120)})
+                         "ratio": _within(r.get("time_ratio_off"), 0.0, 1e6), "what": clip_text(r.get("what"), 120)})
     return rows
 
 
-def _waterfall_rows(report: dict) -> list[dict]:
+def waterfall_rows(report: dict) -> list[dict]:
     rows = []
     for r in _items(report.get("waterfall")):
         acc = _dict(r.get("accuracy"))
@@ -227,14 +227,14 @@ def _waterfall_rows(report: dict) -> list[dict]:
             continue
         d = _dict(_dict(r.get("bought")).get("accuracy"))
         gain, low, high = _interval(d.get("diff"), d.get("ci95"))
-        rows.append({"label": _text(r.get("step"), 60), "accuracy": _within(acc["mean"], 0.0, 1.0),
+        rows.append({"label": clip_text(r.get("step"), 60), "accuracy": _within(acc["mean"], 0.0, 1.0),
                      "std": _within(acc.get("std"), 0.0, 1.0), "gain": gain, "low": low, "high": high,
                      "p": _within(d.get("p"), 0.0, 1.0),
                      "seconds": _within(_dict(r.get("train_seconds")).get("mean"), 0.0, 1e9)})
     return rows
 
 
-def _target_rows(report: dict) -> list[dict]:
+def target_rows(report: dict) -> list[dict]:
     """Per variant: the epochs it needed ("reached"), or the most it was tried at: "not reached" when its search
     ended there, "unfinished" when the search was cut short (an interrupted command)."""
     rows = []
@@ -245,7 +245,7 @@ def _target_rows(report: dict) -> list[dict]:
         if epochs is not None:
             status = ("reached" if needed is not None else
                       "not reached" if v.get("search_complete") is True else "unfinished")
-            rows.append({"name": _text(v.get("name"), 60), "epochs": epochs, "status": status,
+            rows.append({"name": clip_text(v.get("name"), 60), "epochs": epochs, "status": status,
                          "seconds": _within(v.get("seconds_needed"), 0.0, 1e9), "probes": len(probes)})
     return rows
 
@@ -257,31 +257,31 @@ def baseline_text(report: dict) -> str:
     mean = _within(acc.get("mean"), 0.0, 1.0)
     if mean is None:
         return ""
-    return (f"{_pm(mean, _within(acc.get('std'), 0.0, 1.0), 100)}% in "
-            f"{_pm(_within(secs.get('mean'), 0.0, 1e9), None)} s timed")
+    return (f"{pm_text(mean, _within(acc.get('std'), 0.0, 1.0), 100)}% in "
+            f"{pm_text(_within(secs.get('mean'), 0.0, 1e9), None)} s timed")
 
 
-def _title(report: dict, what: str) -> str:
-    return (f"{_text(report.get('recipe'), 60)} on {_text(report.get('dataset'), 80)} "
-            f"({_text(report.get('device'), 20)}): {what}")
+def report_title(report: dict, what: str) -> str:
+    return (f"{clip_text(report.get('recipe'), 60)} on {clip_text(report.get('dataset'), 80)} "
+            f"({clip_text(report.get('device'), 20)}): {what}")
 
 
-def _provenance(report: dict) -> str:
+def provenance(report: dict) -> str:
     why = "was interrupted" if report.get("interrupted") is True else "failed part way"
     partial = f" (partial: the command {why})" if report["_partial"] else ""
-    return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {_text(report.get('runs'), 10)} run(s) "
-            f"per row: `{_text(report.get('command'), 600)}`")
+    return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {clip_text(report.get('runs'), 10)} run(s) "
+            f"per row: `{clip_text(report.get('command'), 600)}`")
 
 
-def _ci(row: dict, scale: float = 100) -> str:
-    from speedrun.bench import interval_text
+def ci_text(row: dict, scale: float = 100) -> str:
+    from speedrun.instruments.bench import interval_text
 
     if row["gain"] is None or row["low"] is None or row["high"] is None:
         return "-"
     return interval_text(row["gain"], [row["low"], row["high"]], scale)
 
 
-def _p(value) -> str:
+def p_text(value) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
@@ -320,8 +320,10 @@ def report_command(args) -> int:
 
     import numpy as np
 
-    from speedrun import db, report_html, report_md as md
-    from speedrun.results import write_text
+    from speedrun.records import db as db
+    from speedrun.report import html as report_html
+    from speedrun.report import markdown as md
+    from speedrun.records.result_file import write_text
 
     path = db.default_db_path() if args.db is None else Path(args.db)
     if not os.path.exists(path):  # connect would create an empty database: say what is missing instead

@@ -1,31 +1,23 @@
-"""The small shared pieces recipes call: device choice, seeding, the timer, evaluation.
-
-No training loop lives here (STYLE.md habit 2): each recipe writes its own loop out.
-"""
+"""What every family's training loop shares: the timer, the run's result, stop-at-step-end, the finite-loss guard
+and evaluation. Each family writes its own loop out (recipes/<family>/loop.py) and calls these pieces."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-import random
-import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 
 from speedrun import dist
 from speedrun.data.loader import normalize
+from speedrun.engine.system import synchronize
 from speedrun.errors import Terminated
-from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
-                                      set_cudnn_benchmark, to_channels_last)
 from speedrun.tricks.tta import tta_logits
-
-DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 @dataclass
@@ -50,92 +42,6 @@ class RunResult:
     def from_dict(cls, d: dict) -> RunResult:
         return cls(seed=d["seed"], accuracy=d["accuracy"], train_seconds=d["train_seconds"], epochs=d["epochs"],
                    steps=d["steps"], history=list(d["history"]), diverged=d["diverged"])
-
-
-@dataclass(frozen=True)
-class System:
-    """config.SystemConfig resolved for one device: what a loop uses."""
-
-    device: torch.device
-    precision: str  # "fp32", "bf16" or "fp16"
-    channels_last: bool
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return DTYPES[self.precision]
-
-    def amp(self) -> contextlib.AbstractContextManager:
-        return autocast(self.device, self.precision)
-
-    def prepare(self, model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
-        """The model in this layout on the device, and its forward (compiled when cfg.compile); cuDNN's autotuner
-        set as cfg says. Both share parameters."""
-        model = to_channels_last(model.to(self.device), self.channels_last)
-        set_cudnn_benchmark(self.device, cfg.cudnn_benchmark)
-        return model, maybe_compile(model, cfg.compile, cfg.compile_mode)
-
-
-def setup_system(cfg, device: torch.device) -> System:
-    """Every family's shared settings (config.SystemConfig), resolved once, in one place."""
-    return System(device, resolve_precision(cfg.precision, device),
-                  resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
-
-
-def _mps_available() -> bool:
-    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" picks CUDA, then Apple's MPS, then the CPU. An unavailable explicit choice is a ValueError."""
-    if name not in DEVICES and not re.fullmatch(r"cuda:\d{1,4}", name):
-        raise ValueError(f"device (--device) must be one of {', '.join(DEVICES)} (or cuda:N), got {name!r}")
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("mps") if _mps_available() else torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name}: CUDA is not available to this torch ({torch.__version__}); "
-                         "use device cpu or auto (--device cpu)")
-    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
-        raise ValueError(f"device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered from "
-                         "0; use --device cuda or cuda:0")
-    if name == "mps" and not _mps_available():
-        raise ValueError("device mps: Apple MPS is not available here; use device cpu or auto (--device cpu)")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    """Every global random generator (a checkpoint restores them all, though the recipes' loops draw from their
-    own seeded generators). numpy's state becomes a tensor and ints, which a checkpoint stores without pickle."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
-            "python": random.getstate()}
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 class Timer:
@@ -223,6 +129,12 @@ def signals_handled_by(handler):
 
 
 @contextlib.contextmanager
+def signals_held():
+    """A Ctrl-C or SIGTERM during the block does not interrupt it; the command is stopping already, so it changes
+    nothing after it either (engine.signals_handled_by; off the main thread this does nothing)."""
+    return signals_handled_by(lambda signum, frame: None)
+
+
 def stop_at_step_end():
     """Inside the block, SIGINT and SIGTERM do not interrupt: they are recorded in the yielded StopRequest, and the
     loop stops after its current step, with a consistent state to checkpoint (an exception mid-step would leave the

@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from speedrun.engine import Timer, resolve_device, synchronize
+from speedrun.engine.loop import Timer
+from speedrun.engine.system import resolve_device, synchronize
 from speedrun.errors import printable
-from speedrun.stats import mean_diff_test, summarize
+from speedrun.records.stats import mean_diff_test, summarize
 
 TIMED_REGION = ("from asking the iterator for a batch to holding it on the device cropped, resized, flipped and "
                 "standardized (worker decode + augment + copy), over consecutive batches after untimed warm-up "
@@ -109,10 +110,10 @@ class PlainImages(torch.utils.data.Dataset):
         # file, the header's size checked before a pixel is decoded), each failure one ValueError naming the file.
         # A stat and a header check: nothing next to a decode.
         try:
-            with folder._opened(self.paths[i]) as im:
-                folder._check_header(self.paths[i], im, self.res)
+            with folder.open_image(self.paths[i]) as im:
+                folder.check_header(self.paths[i], im, self.res)
                 rgb = im.convert("RGB")
-        except folder._Refused as e:
+        except folder.Refused as e:
             raise ValueError(f"--baseline: {e}") from None
         w, h = rgb.size
         # The box as torchvision's RandomResizedCrop draws it, from the global generator that DataLoader seeds
@@ -186,7 +187,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
                  seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print) -> dict:
     """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
-    from speedrun.results import environment
+    from speedrun.records.result_file import environment
 
     root_path = Path(root)
     split = find_split(root_path, split)
@@ -260,7 +261,7 @@ def _by_setting(report: dict) -> list[tuple[dict, dict | None]]:
 
 def markdown(report: dict) -> str:
     """BENCHMARKS.md's table (benchmarks/table.py): per (workers, px) ours and the baseline, and the ratio."""
-    from speedrun.results import device_label
+    from speedrun.records.result_file import device_label
 
     env, load = report["environment"], report["load_average"]
     lines = ["| date | device | workers | px | n | ours img/s (mean ± std) | baseline img/s (mean ± std) | "
@@ -279,7 +280,7 @@ def markdown(report: dict) -> str:
 
 
 def bench_loader_command(args, argv: list[str] | None = None) -> int:
-    from speedrun.results import claim_result_path, release_result_path, write_json
+    from speedrun.records.result_file import claim_result_path, release_result_path, write_json
 
     workers = int_list(args.workers, "--workers", 0, 64)
     res = int_list(args.res, "--res", 8, 1024)

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from speedrun import dist
-from speedrun.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
-                                 load_checkpoint, save_checkpoint)
-from speedrun.engine import RunResult
+from speedrun.engine.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
+    load_checkpoint, save_checkpoint)
+from speedrun.engine.loop import RunResult
 from speedrun.errors import printable
-from speedrun.results import load_result
+from speedrun.records.result_file import load_result
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
 # Checkpoints per run when --checkpoint-every is not given (and always one at the run's last step).
@@ -64,14 +64,14 @@ class Plan:
                                      "an earlier one of this); add --resume auto to continue from them, or choose a "
                                      "new --checkpoint-dir")
             if save is not None:
-                from speedrun import saved
+                from speedrun.run import export as saved
 
                 return saved.check_save_path(save)
             return None
 
         save_path = dist.main_first(world, check_paths, everyone=False)
         if save is not None:
-            from speedrun import saved
+            from speedrun.run import export as saved
 
             save_path = save_path if world.is_main else Path(os.fspath(save))
             if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
@@ -156,7 +156,7 @@ class Plan:
     def save_model(self, model, card: dict, recipe, cfg, dataset: str, run: RunResult) -> str:
         import dataclasses
 
-        from speedrun import saved
+        from speedrun.run import export as saved
 
         card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
                 "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}

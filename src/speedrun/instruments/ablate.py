@@ -27,7 +27,7 @@ def effective(key: str, value, device, base):
     a family that says so)."""
     import dataclasses
 
-    from speedrun.engine import setup_system
+    from speedrun.engine.system import setup_system
 
     if key in ("precision", "channels_last"):
         system = setup_system(dataclasses.replace(base, **{key: value}), device)
@@ -53,8 +53,9 @@ def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Tric
 
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution."""
-    from speedrun import bench as benching, runs as runner
-    from speedrun.engine import resolve_device
+    from speedrun.instruments import bench as benching
+    from speedrun.run import runner as runner
+    from speedrun.engine.system import resolve_device
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
@@ -84,9 +85,10 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
 
 def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
     """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
-    from speedrun import bench as benching, runs as runner
-    from speedrun.engine import resolve_device
-    from speedrun.stats import mean_diff_test
+    from speedrun.instruments import bench as benching
+    from speedrun.run import runner as runner
+    from speedrun.engine.system import resolve_device
+    from speedrun.records.stats import mean_diff_test
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
@@ -127,7 +129,7 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
 
 
 def _waterfall_lines(report: dict) -> list[str]:
-    from speedrun.bench import interval_text, mean_std
+    from speedrun.instruments.bench import interval_text, mean_std
 
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
              f"{report['runs']} interleaved round(s) per row",
@@ -145,7 +147,7 @@ def _waterfall_lines(report: dict) -> list[str]:
 
 
 def _lines(report: dict) -> list[str]:
-    from speedrun.bench import interval_text
+    from speedrun.instruments.bench import interval_text
 
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
              f"{report['runs']} interleaved round(s); gain = baseline - trick off",
@@ -164,7 +166,7 @@ def _lines(report: dict) -> list[str]:
 
 
 def ablate_command(args, argv: list[str]) -> int:
-    from speedrun.bench import run_and_store
+    from speedrun.instruments.bench import run_and_store
     from speedrun.config import parse_set_args
 
     if args.to_target and args.waterfall is not None:
@@ -172,7 +174,7 @@ def ablate_command(args, argv: list[str]) -> int:
     if args.max_probes is not None and not args.to_target:
         raise ValueError("--max-probes bounds the --to-target search: add --to-target")
     if args.to_target:
-        from speedrun.to_target import to_target_command
+        from speedrun.instruments.to_target import to_target_command
 
         return to_target_command(args, argv)
     overrides = parse_set_args(args.overrides)
@@ -183,7 +185,7 @@ def ablate_command(args, argv: list[str]) -> int:
                       data_dir=args.data_dir, overrides=overrides, log=log)
         return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
 
-    from speedrun.bench import diverged_exit
+    from speedrun.instruments.bench import diverged_exit
 
     report, path, stored = run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
     if path is None:  # a torchrun process other than rank 0

@@ -11,7 +11,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,9 +20,8 @@ from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import Shards
 from speedrun.errors import printable
+from speedrun.recipes.imagenet.config import ImagenetConfig
 
-if TYPE_CHECKING:
-    from speedrun.recipes.imagenet import ImagenetConfig
 
 # ImageNet's channel statistics (the values every torchvision-era recipe uses), in [0, 1] units.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -56,12 +54,12 @@ def _classes(root: Path) -> tuple[str, ...]:
     /dev/zero never end), and what it holds checked as prepare writes it: 2 to limits.MAX_CLASSES distinct,
     non-empty, printable names."""
     from speedrun.data import limits
-    from speedrun.data.shards import _open_regular
+    from speedrun.data.shards import open_regular
 
     path = root / "classes.json"
     fix = "run speedrun data prepare again"
     try:
-        fd = _open_regular(path)
+        fd = open_regular(path)
         with open(fd, "rb") as f:
             raw = f.read(MAX_CLASSES_BYTES + 1)
         if len(raw) > MAX_CLASSES_BYTES:
@@ -199,7 +197,7 @@ def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 
     from PIL import Image
 
     from speedrun.data.shards import write_split
-    from speedrun.results import write_text
+    from speedrun.records.result_file import write_text
 
     rng = np.random.default_rng(0)
     colours = rng.integers(0, 256, (classes, 3))

@@ -17,62 +17,8 @@ import signal
 import sys
 import warnings
 
-EXIT_USAGE = 2
-EXIT_DIVERGED = 3
-EXIT_INTERNAL = 1
-
-
-_MAX_LINE = 1000  # characters of one error or warning line
-
-
-def _worker_message(text: str) -> str:
-    """The message of an exception raised in a DataLoader worker process. torch re-raises it in the main process
-    with the worker's whole traceback as its message ("Caught ValueError in DataLoader worker process 0.\nOriginal
-    Traceback ..."): the one line is the original message, the last lines after the traceback's indented frames,
-    without its "ValueError: " prefix."""
-    if "\nOriginal Traceback (most recent call last):" not in text:
-        return text
-    lines = text.splitlines()
-    last_frame = max(i for i, line in enumerate(lines) if line.startswith(" ") or i == 1)
-    message = "\n".join(lines[last_frame + 1:]).strip()
-    head, sep, rest = message.partition(": ")
-    return (rest if sep and head.replace(".", "").replace("_", "").isalnum() else message) or lines[0]
-
-
-def _one_line(text: object) -> str:
-    """Newlines folded (tarfile's messages carry some), and cut in the middle past _MAX_LINE characters: a value
-    echoed back (a 100,000-character --dataset, say) must not make the one line a screenful. An error from a
-    DataLoader worker is its own message, not the worker's traceback."""
-    text = " ".join(_worker_message(str(text)).split())
-    if len(text) <= _MAX_LINE:
-        return text
-    return f"{text[:_MAX_LINE // 2]} ...[{len(text) - _MAX_LINE + 200} characters]... {text[-(_MAX_LINE // 2 - 200):]}"
-
-
-def _say(line: str) -> None:
-    """One line on stderr in one write: under torchrun every process shares the terminal, and print's two writes
-    (text, then newline) let two processes' lines run together."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def _prog() -> str:
-    """'speedrun', or 'speedrun[rank R]' in a torchrun worker other than rank 0: a failure on any rank ends the
-    job with that rank's one line, and the line says which."""
-    rank, size = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
-    return "speedrun" if rank == "0" or size == "1" else f"speedrun[rank {_one_line(rank)[:8]}]"
-
-
-def _under_torchrun() -> bool:
-    """This process is one of several that torchrun started (WORLD_SIZE > 1)."""
-    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
-
-
-def other_rank() -> bool:
-    """A torchrun worker other than rank 0: it prints only its own fatal error (every process runs the same code,
-    so a warning, a usage error or --help is rank 0's to show)."""
-    return _prog() != "speedrun"
-
+from speedrun.cli.output import (EXIT_DIVERGED, EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say,
+                                  under_torchrun)
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     from speedrun.errors import SpeedrunWarning
@@ -80,7 +26,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if other_rank():
         return
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
-    _say(f"speedrun: warning: {_one_line(message)}{kind}")
+    say(f"speedrun: warning: {one_line(message)}{kind}")
 
 
 @contextlib.contextmanager
@@ -111,9 +57,10 @@ def _out_of_memory(exc: BaseException) -> bool:
 
 
 def _train(args, argv: list[str]) -> int:
-    from speedrun import dist, runs  # deferred: `speedrun --help` should not import torch
+    from speedrun import dist
+    from speedrun.run import runner as runs  # deferred: `speedrun --help` should not import torch
     from speedrun.config import parse_set_args
-    from speedrun.db import default_db_path
+    from speedrun.records.db import default_db_path
 
     overrides = parse_set_args(args.overrides)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
@@ -127,12 +74,14 @@ def _train(args, argv: list[str]) -> int:
 
 
 # Each subcommand's function: (module, function, whether it takes the command line too).
-_COMMANDS = {"eval": ("saved", "eval_command", False), "predict": ("saved", "predict_command", False),
-             "bench": ("bench", "bench_command", True), "ablate": ("ablate", "ablate_command", True),
-             "compare": ("compare", "compare_command", True), "results": ("db", "results_command", False),
-             "report": ("report", "report_command", False),
+_COMMANDS = {"eval": ("run.export", "eval_command", False), "predict": ("run.export", "predict_command", False),
+             "bench": ("instruments.bench", "bench_command", True),
+             "ablate": ("instruments.ablate", "ablate_command", True),
+             "compare": ("instruments.compare", "compare_command", True),
+             "results": ("records.db", "results_command", False),
+             "report": ("report.queries", "report_command", False),
              "data": ("data.prepare_tree", "prepare_command", False),
-             "bench-loader": ("bench_loader", "bench_loader_command", True)}
+             "bench-loader": ("instruments.bench_loader", "bench_loader_command", True)}
 
 
 # The commands that train, and so take part in a torchrun job (every process trains; rank 0 prints and writes).
@@ -141,17 +90,17 @@ DISTRIBUTED_COMMANDS = ("train", "bench", "ablate")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from speedrun.cli_parser import build_parser
+    from speedrun.cli.parser import build_parser
 
     args = build_parser().parse_args(argv)
-    if args.command not in DISTRIBUTED_COMMANDS and _under_torchrun():
+    if args.command not in DISTRIBUTED_COMMANDS and under_torchrun():
         # K copies of a one-process command would each write the same report, file or table (or race on it)
         if not other_rank():  # every process refuses alike: rank 0 says it
-            _say(f"speedrun: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
+            say(f"speedrun: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
                  f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
         return EXIT_USAGE
     if args.command == "recipes":
-        from speedrun import runs
+        from speedrun.run import runner as runs
 
         try:
             runs.print_recipes()
@@ -159,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
             return 128 + signal.SIGPIPE
         except OSError as exc:  # a full disk under `> file`
-            _say(f"speedrun: error: cannot write the list ({exc.strerror})")
+            say(f"speedrun: error: cannot write the list ({exc.strerror})")
             return EXIT_USAGE
         return 0
     from speedrun.errors import Terminated
 
-    prog = _prog()
+    prog = prog_name()
     # Everything from here on, the imports of torch and the data included (a second or more), is inside the
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
@@ -179,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 return run(args, argv) if takes_argv else run(args)
             return _train(args, argv)
     except ValueError as exc:
-        _say(f"{prog}: error: {_one_line(exc)}{_kept(exc)}")
+        say(f"{prog}: error: {one_line(exc)}{_kept(exc)}")
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
         if exc.strerror is None:
@@ -188,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
             fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
             text = f"{exc.strerror}{where}{fix}"
-        _say(f"{prog}: error: {_one_line(text)}{_kept(exc)}")
+        say(f"{prog}: error: {one_line(text)}{_kept(exc)}")
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        if isinstance(exc, Terminated) and _under_torchrun():
+        if isinstance(exc, Terminated) and under_torchrun():
             # torchrun stops every process with SIGTERM when one fails, as it forwards the user's or a scheduler's
             what = "terminated (SIGTERM: by the user or scheduler, or by torchrun after another process failed)"
         kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
@@ -204,22 +153,22 @@ def main(argv: list[str] | None = None) -> int:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
         if prog != "speedrun":  # rank 0 reports the interrupt for the job
             return 143 if isinstance(exc, Terminated) else 130
-        _say(f"{prog}: {what}; {_one_line(where)}")
+        say(f"{prog}: {what}; {one_line(where)}")
         return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 -- the promise is one line, never a traceback
         if type(exc).__name__ == "PeerFailed":  # dist.main_first: rank 0 failed first and printed why
             return EXIT_USAGE
         if _out_of_memory(exc):
-            _say(f"{prog}: error: out of memory ({_one_line(exc)[:200]}); lower batch_size or eval_batch_size "
+            say(f"{prog}: error: out of memory ({one_line(exc)[:200]}); lower batch_size or eval_batch_size "
                   f"(--set ...), or use fewer or smaller images{_kept(exc)}")
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
         if _peer_lost(exc):
-            _say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
-                  f"own line (or torchrun's report) says why ({_one_line(exc)[:200]}){_kept(exc)}")
+            say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
+                  f"own line (or torchrun's report) says why ({one_line(exc)[:200]}){_kept(exc)}")
             return EXIT_INTERNAL
-        _say(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)[:300]} (a bug: please report it; "
+        say(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)[:300]} (a bug: please report it; "
               f"SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
         return EXIT_INTERNAL
 
@@ -230,7 +179,7 @@ def _kept(exc: BaseException) -> str:
     kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
     if not kept:
         return ""
-    return _one_line(f"; {kept} finished run(s) kept in {path}" if path else
+    return one_line(f"; {kept} finished run(s) kept in {path}" if path else
                      f"; {kept} finished run(s), no result file asked for")
 
 
@@ -244,7 +193,7 @@ def _peer_lost(exc: BaseException) -> bool:
 
 
 def entry() -> int:
-    """The `speedrun` program (console script and `python -m speedrun.cli`): main(), then, after an interrupt, no
+    """The `speedrun` program (console script and `python -m speedrun.cli.program`): main(), then, after an interrupt, no
     more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice) would otherwise
     interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and embedding programs
     call in their own process, whose children would inherit the ignored signals."""

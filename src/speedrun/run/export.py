@@ -17,14 +17,15 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from speedrun import __version__
-from speedrun import saved_files as files
+from speedrun._version import __version__
+from speedrun.run import model_files as files
 from speedrun.data import folder
 from speedrun.dist import unwrap
-from speedrun.engine import evaluate, resolve_device
+from speedrun.engine.loop import evaluate
+from speedrun.engine.system import resolve_device
 from speedrun.errors import printable, warn
 from speedrun.recipes import RECIPES
-from speedrun.saved_files import MODEL_FORMAT, MODEL_VERSION
+from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
 from speedrun.tricks.tta import tta_logits
 
 _PREDICT_BATCH = 64  # image files decoded and scored at a time
@@ -249,7 +250,7 @@ def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
 
 def eval_command(args) -> int:
     """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
-    from speedrun.results import claim_result_path, release_result_path, write_json
+    from speedrun.records.result_file import claim_result_path, release_result_path, write_json
 
     json_path = claim_result_path(args.json) if getattr(args, "json", None) else None  # fails now, not after
     try:

@@ -31,7 +31,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from speedrun import __version__
+from speedrun._version import __version__
 from speedrun.config import apply_overrides
 from speedrun.data import limits
 from speedrun.errors import printable

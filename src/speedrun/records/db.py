@@ -313,7 +313,7 @@ def get_result(conn: sqlite3.Connection, id: int) -> dict:
 def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
     """Store each result file; a bad file gets id None and an error, and the others are stored all the same.
     new: False for a file stored before (as #id)."""
-    from speedrun.results import load_result  # imports torch: deferred, so connecting and querying stay light
+    from speedrun.records.result_file import load_result  # imports torch: deferred, so connecting and querying stay light
 
     done = []
     for path in map(Path, paths):

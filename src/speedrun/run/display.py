@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from speedrun.stats import summarize
+from speedrun.records.stats import summarize
 
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
 _WIDE = 200  # columns for output that is not a terminal: long enough for any table, so nothing wraps

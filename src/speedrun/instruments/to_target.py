@@ -86,15 +86,15 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
               device: str = "auto", seed: int = 0, epochs: float | None = None, data_dir=None,
               overrides: dict[str, Any] | None = None, log=print) -> dict:
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
-    from speedrun import runs as runner
-    from speedrun.ablate import off_text, split_tricks
-    from speedrun.engine import resolve_device
+    from speedrun.run import runner as runner
+    from speedrun.instruments.ablate import off_text, split_tricks
+    from speedrun.engine.system import resolve_device
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
-    runs = runner._check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
-    seed = runner._check_int("seed", "--seed", seed, 0, 2**62)
-    max_probes = runner._check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    seed = check_int("seed", "--seed", seed, 0, 2**62)
+    max_probes = check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
     overrides = dict(overrides or {})
     base = runner.make_config(rec, epochs, overrides)
     world = runner.dist.from_env()
@@ -120,10 +120,10 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
             log) -> dict:
     """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
     report (without the already-off tricks, the target and the timed region, which to_target adds)."""
-    from speedrun import runs as runner
-    from speedrun.bench import measured_run, stopped_by
+    from speedrun.run import runner as runner
+    from speedrun.instruments.bench import measured_run, stopped_by
     from speedrun.data.loader import steps_for
-    from speedrun.results import environment
+    from speedrun.records.result_file import environment
 
     data = runner.dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None,
                                                                  log=log))
@@ -242,7 +242,7 @@ def _variant_row(name: str, changes: dict, s: dict, probes: list[dict], warmup: 
 
 
 def _lines(report: dict) -> list[str]:
-    from speedrun.ablate import off_text
+    from speedrun.instruments.ablate import off_text
 
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
              f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
@@ -275,14 +275,14 @@ def _lines(report: dict) -> list[str]:
 
 
 def to_target_command(args, argv: list[str]) -> int:
-    from speedrun import runs as runner
-    from speedrun.bench import run_and_store
+    from speedrun.run import runner as runner
+    from speedrun.instruments.bench import run_and_store
     from speedrun.config import parse_set_args
 
     overrides = parse_set_args(args.overrides)
     max_probes = DEFAULT_PROBES if args.max_probes is None else args.max_probes
     # checked before run_and_store opens the database and claims the report file
-    runner._check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
     report, path, stored = run_and_store(args, argv, "to-target", lambda log: to_target(
         args.recipe, runs=args.runs, max_probes=max_probes,
         dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,

@@ -11,8 +11,8 @@ import sqlite3
 from datetime import datetime, timezone
 from html import escape
 
-from speedrun import report as rep
-from speedrun import report_charts as charts
+from speedrun.report import queries as rep
+from speedrun.report import charts as charts
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
 h1{font-size:24px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:16px}
@@ -44,20 +44,20 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
            'mean accuracy reaches the target, fastest mean timed region first, then the rest, most accurate first. '
            'Cost: US dollars per timed run at the price the result carries (none for a device without a price).</p>']
     for board in boards:
-        target = rep._NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
+        target = rep.NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
         rows = board["rows"][:rep.ROWS_PER_BOARD]
         out.append(f"<h3>{escape(rep.board_name(board))} · {escape(target)}</h3>")
         cells = []
         for i, r in enumerate(rows):
             cost = r["cost"]
-            cells.append([_num(str(i + 1)), escape(rep._text(r["recipe"], 60)),
-                          escape(rep._text(r["device_name"] or r["device"], 60)),
-                          _num(rep._pm(r["accuracy"], r["std_accuracy"], 100)), _num(rep._pm(r["seconds"], r["std_seconds"])),
-                          _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep._hits(r)),
-                          escape(r["date"][:10]), f"<code>{escape(rep._text(r['command'], 1000))}</code>",
-                          f'<span class="fp">{escape(rep._fingerprint(r))}</span>'])
+            cells.append([_num(str(i + 1)), escape(rep.clip_text(r["recipe"], 60)),
+                          escape(rep.clip_text(r["device_name"] or r["device"], 60)),
+                          _num(rep.pm_text(r["accuracy"], r["std_accuracy"], 100)), _num(rep.pm_text(r["seconds"], r["std_seconds"])),
+                          _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep.hits_text(r)),
+                          escape(r["date"][:10]), f"<code>{escape(rep.clip_text(r['command'], 1000))}</code>",
+                          f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'])
         out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "hit", "date",
-                           "command", "fingerprint"], cells, ["reached" if rep._reached(r) else "" for r in rows]))
+                           "command", "fingerprint"], cells, ["reached" if rep.has_reached(r) else "" for r in rows]))
         if len(board["rows"]) > len(rows):
             out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
         if board.get("more"):
@@ -77,12 +77,12 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
     for name, group in by_data.items():
         rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
         if rows:
-            points = [{"recipe": rep._text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
+            points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
                        "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]} for r in rows]
             out.append(_img("accuracy-vs-time", charts.accuracy_vs_time(
                 f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
                 f"accuracy against time on {name}"))
-        curves = rep._curves(conn, [r for board in group for r in board["rows"][:rep.CURVES_PER_CHART]])
+        curves = rep.accuracy_curves(conn, [r for board in group for r in board["rows"][:rep.CURVES_PER_CHART]])
         if curves:
             curves_html.append(_img("learning-curves", charts.learning_curves(f"{name}: test accuracy per epoch",
                                                                               curves), f"learning curves on {name}"))
@@ -92,38 +92,38 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
 def _ablations(conn: sqlite3.Connection) -> list[str]:
     out = ['<h2 id="ablation">Ablations and waterfalls</h2>',
            '<p class="note">The newest report of each kind per recipe, dataset and device.</p>']
-    for report in rep._newest_reports(conn, ("ablate", "waterfall", "to_target")):
+    for report in rep.newest_reports(conn, ("ablate", "waterfall", "to_target")):
         kind = report.get("benchmark")
-        prov = escape(rep._provenance(report))
-        if kind == "ablate" and (rows := rep._ablation_rows(report)):
-            title = rep._title(report, "what each trick buys")
+        prov = escape(rep.provenance(report))
+        if kind == "ablate" and (rows := rep.ablation_rows(report)):
+            title = rep.report_title(report, "what each trick buys")
             base = escape(rep.baseline_text(report) or "n/a")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}; the baseline (the recipe): {base}</p>',
                     _img("ablation", charts.ablation_bars(title, rows), title),
                     _table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
-                           [[escape(r["trick"]), escape(r["off"]), _num(rep._ci(r)), _num(rep._p(r["p"])),
+                           [[escape(r["trick"]), escape(r["off"]), _num(rep.ci_text(r)), _num(rep.p_text(r["p"])),
                              _num("-" if r["ratio"] is None else f"{r['ratio']:.3f}"), escape(r["what"])]
                             for r in rows])]
-        elif kind == "waterfall" and (rows := rep._waterfall_rows(report)):
-            title = rep._title(report, "tricks added one at a time")
+        elif kind == "waterfall" and (rows := rep.waterfall_rows(report)):
+            title = rep.report_title(report, "tricks added one at a time")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     _img("waterfall", charts.waterfall(title, rows), title),
                     _table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
-                           [[escape(r["label"]), _num(rep._pm(r["accuracy"], r["std"], 100)), _num(rep._ci(r)),
-                             _num(rep._p(r["p"])), _num(rep._pm(r["seconds"], None))] for r in rows])]
-        elif kind == "to_target" and (rows := rep._target_rows(report)):
-            title = rep._title(report, "epochs to the target")
+                           [[escape(r["label"]), _num(rep.pm_text(r["accuracy"], r["std"], 100)), _num(rep.ci_text(r)),
+                             _num(rep.p_text(r["p"])), _num(rep.pm_text(r["seconds"], None))] for r in rows])]
+        elif kind == "to_target" and (rows := rep.target_rows(report)):
+            title = rep.report_title(report, "epochs to the target")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     _img("to-target", charts.epochs_bars(title, rows), title),
                     _table(["variant", "epochs", "to the target", "timed s there", "probes"],
                            [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), r["status"],
-                             _num(rep._pm(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
+                             _num(rep.pm_text(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
     return out if len(out) > 2 else out[:1] + ['<p class="note">No ablation is stored yet (`speedrun ablate`).</p>']
 
 
 def _reports(conn: sqlite3.Connection) -> list[str]:
-    rows = [[_num(str(id_)), escape(rep._text(kind, 40)), escape(rep._text(date, 20)[:16].replace("T", " ")),
-             f"<code>{escape(rep._text(command, 1000))}</code>"]
+    rows = [[_num(str(id_)), escape(rep.clip_text(kind, 40)), escape(rep.clip_text(date, 20)[:16].replace("T", " ")),
+             f"<code>{escape(rep.clip_text(command, 1000))}</code>"]
             for id_, kind, date, command in conn.execute(
                 "SELECT id, kind, created_utc, command FROM reports ORDER BY created_utc DESC, id DESC LIMIT 200")]
     return ['<h2 id="reports">Stored benchmark reports</h2>',

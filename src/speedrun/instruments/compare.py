@@ -17,17 +17,17 @@ import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speedrun.stats import mean_diff_test, summarize
+from speedrun.records.stats import mean_diff_test, summarize
 
 METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
 
 
 def _load(ref: str, conn) -> tuple[str, dict]:
     """(label, result) for an id ("12" or "#12") or a JSON file."""
-    from speedrun.results import load_result
+    from speedrun.records.result_file import load_result
 
     if re.fullmatch(r"#?\d{1,18}", ref) and not Path(ref).exists():
-        from speedrun import db
+        from speedrun.records import db as db
 
         return f"#{ref.lstrip('#')}", db.get_result(conn, int(ref.lstrip("#")))
     if not Path(ref).is_file():
@@ -91,7 +91,7 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
 
 
 def _text(report: dict) -> list[str]:
-    from speedrun.bench import interval_text, mean_std, ratio_text
+    from speedrun.instruments.bench import interval_text, mean_std, ratio_text
 
     def ms(s: dict | None, scale: float) -> str:
         return "no runs" if s is None else f"{mean_std(s, scale)} (n={s['n']})"
@@ -110,8 +110,8 @@ def _text(report: dict) -> list[str]:
 
 def compare_command(args, argv: list[str]) -> int:
     """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
-    from speedrun import db
-    from speedrun.results import portable
+    from speedrun.records import db as db
+    from speedrun.records.result_file import portable
 
     with contextlib.closing(db.connect(args.db)) as conn:
         (la, a), (lb, b) = _load(args.a, conn), _load(args.b, conn)

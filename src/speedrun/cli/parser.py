@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from speedrun._version import __version__
+from speedrun.cli.output import EXIT_USAGE, one_line, other_rank, say
+from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
+
 
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
@@ -11,15 +15,11 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):  # argparse prints usage + error; we print one line
-        from speedrun.cli import EXIT_USAGE, _one_line, _say, other_rank
-
         if not other_rank():  # under torchrun every process parses the same words: rank 0 says it
-            _say(f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)")
+            say(f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)")
         raise SystemExit(EXIT_USAGE)
 
     def _print_message(self, message: str, file=None) -> None:  # --help, --version: rank 0's to show
-        from speedrun.cli import other_rank
-
         if not other_rank():
             super()._print_message(message, file)
 
@@ -32,8 +32,6 @@ def _float(text: str) -> float:
 
 
 def _version() -> str:
-    from speedrun import __version__
-
     return f"speedrun {__version__}"
 
 
@@ -41,7 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speedrun", description="Train neural networks as fast as the hardware allows.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
 
     t = sub.add_parser("train", help="train a recipe for N seeds and report statistics",
                        formatter_class=argparse.RawDescriptionHelpFormatter,

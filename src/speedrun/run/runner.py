@@ -21,16 +21,20 @@ from typing import Any
 
 import torch
 
-from speedrun import cost, dist
-from speedrun.checkpoint import list_checkpoints
+from speedrun import dist
+from speedrun.records import cost as cost
+from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.config import apply_overrides
 from speedrun.data import limits
-from speedrun.engine import Diverged, RunResult, resolve_device, signals_handled_by
+from speedrun.engine.loop import Diverged, RunResult, signals_handled_by
+from speedrun.engine.system import resolve_device
 from speedrun.errors import SpeedrunWarning, note_kept, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines  # noqa: F401 (the public API's names)
-from speedrun.results import (claim_result_path, default_result_path, environment, portable, release_result_path,
-                              write_json)
-from speedrun.stats import summarize
+from speedrun.records.result_file import (claim_result_path, default_result_path, environment, portable,
+    release_result_path, write_json)
+from speedrun.records.stats import summarize
+from speedrun.config import check_int
+from speedrun.engine.loop import signals_held
 
 MAX_RUNS = 10_000
 MAX_EPOCHS = 10_000.0
@@ -63,12 +67,6 @@ def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
     for name, (value, types, expected) in values.items():
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"{name}={value!r:.80} is not {expected}")
-
-
-def _check_int(name: str, flag: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} ({flag}) must be an integer in [{low}, {high}], got {value!r}")
-    return value
 
 
 @dataclass
@@ -188,7 +186,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
     Every setting is checked before data is read, and the data against the config before any step is taken.
     """
-    from speedrun import display, resume as resuming  # rich is imported only when something is shown
+    from speedrun.run import display as display
+    from speedrun.run import resume as resuming  # rich is imported only when something is shown
 
     began = time.perf_counter()
     path_like = (str, os.PathLike, type(None))
@@ -205,11 +204,11 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  command=(command, (str, type(None)), "a string or None"))
     rec = get_recipe(recipe)
     family = rec.module()
-    runs = _check_int("runs", "--runs", runs, 1, MAX_RUNS)
-    seed = _check_int("seed", "--seed", seed, 0, 2**62)
-    keep_checkpoints = _check_int("keep_checkpoints", "--keep-checkpoints", keep_checkpoints, 1, 10**6)
+    runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
+    seed = check_int("seed", "--seed", seed, 0, 2**62)
+    keep_checkpoints = check_int("keep_checkpoints", "--keep-checkpoints", keep_checkpoints, 1, 10**6)
     if checkpoint_every is not None:
-        checkpoint_every = _check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
+        checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
     cfg = make_config(rec, epochs, {**(overrides or {}), **config_overrides})
     cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
     world = dist.from_env()
@@ -225,7 +224,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
             if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
-                from speedrun import db as results_db
+                from speedrun.records import db as results_db
 
                 database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
@@ -281,7 +280,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             """The final result (complete or not) into the database too, as the JSON file has it."""
             if database is None:
                 return
-            from speedrun import db as results_db
+            from speedrun.records import db as results_db
 
             try:
                 stored = results_db.insert_result(database, portable(result.to_dict()), source=str(json_path))
@@ -333,7 +332,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 in_step = getattr(interrupt, "in_step", False)
                 raise
             show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
-            with _signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
+            with signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
                 save()
                 store()
             report()
@@ -341,7 +340,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             raise
         except Exception as failure:  # an error after some runs ended (a later run, saving the model): kept too
             if result.runs:
-                with _signals_held():
+                with signals_held():
                     with contextlib.suppress(Exception):  # the first failure is the one to report
                         save()
                     store()
@@ -359,12 +358,6 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         if claimed is not None and not written:
             release_result_path(claimed)  # removes it only if still empty
         dist.shutdown(world, in_step)
-
-
-def _signals_held():
-    """A Ctrl-C or SIGTERM during the block does not interrupt it; the command is stopping already, so it changes
-    nothing after it either (engine.signals_handled_by; off the main thread this does nothing)."""
-    return signals_handled_by(lambda signum, frame: None)
 
 
 def print_recipes(file=sys.stdout) -> None:

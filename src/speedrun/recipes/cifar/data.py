@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,9 +14,8 @@ from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import channel_stats, steps_for
 from speedrun.models.cifar_net import memory_lower_bound, output_side
+from speedrun.recipes.cifar.config import CifarConfig
 
-if TYPE_CHECKING:
-    from speedrun.recipes.cifar import CifarConfig
 
 # --smoke: a check that the whole pipeline runs, in seconds even on a CPU; its accuracy means nothing.
 SMOKE_STEPS = 4

@@ -15,8 +15,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from speedrun.engine import Diverged, RunResult, resolve_device
-from speedrun.stats import mean_diff_test, summarize
+from speedrun.engine.loop import Diverged, RunResult
+from speedrun.engine.system import resolve_device
+from speedrun.records.stats import mean_diff_test, summarize
+from speedrun.config import check_int
+from speedrun.engine.loop import signals_held
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
@@ -83,13 +86,13 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
     waterfall of ablate.py: cumulative configs)."""
-    from speedrun import runs as runner
-    from speedrun.results import environment
+    from speedrun.run import runner as runner
+    from speedrun.records.result_file import environment
 
     rec = runner.get_recipe(recipe)
     family = rec.module()
-    runs = runner._check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
-    seed = runner._check_int("seed", "--seed", seed, 0, 2**62)
+    runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    seed = check_int("seed", "--seed", seed, 0, 2**62)
     if steps is None:
         steps = [("baseline", {})] + [(f"{key}={value}", {key: value}) for key, values in vary for value in values]
     settings = []
@@ -196,10 +199,12 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
     (report, None, None) and print nothing."""
     import sys
 
-    from speedrun import db, dist, runs
+    from speedrun import dist
+    from speedrun.records import db as db
+    from speedrun.run import runner as runs
     from speedrun.errors import note_kept
-    from speedrun.results import (claim_result_path, default_result_path, portable, release_result_path,
-                                  write_json)
+    from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
+        write_json)
 
     world = dist.from_env()
     # The group is joined now (bench and to_target find it joined), so that rank 0's opening of the database and
@@ -232,7 +237,7 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
         report = make(lambda line: print(line, file=sys.stderr))
         interrupt = report.pop("_interrupt", None)
         report["command"] = dist.command_line(argv)
-        with runs._signals_held():  # what finished is kept whole, whatever signal comes now
+        with signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)
             for result in report["results"]:
                 result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
@@ -256,10 +261,11 @@ def bench_command(args, argv: list[str]) -> int:
 
     from speedrun.config import parse_set_args
 
-    from speedrun import config, runs as runner
+    from speedrun import config
+    from speedrun.run import runner as runner
 
     rec = runner.get_recipe(args.recipe)
-    tuple_keys = frozenset(k for k, t in config._field_types(type(rec.make_config())).items()
+    tuple_keys = frozenset(k for k, t in config.field_types(type(rec.make_config())).items()
                            if getattr(t, "__origin__", None) is tuple)
     vary, overrides = parse_vary(args.vary, tuple_keys), parse_set_args(args.overrides)
     report, path, stored = run_and_store(args, argv, "bench", lambda log: bench(

@@ -1,0 +1,149 @@
+"""The cifar family's settings (CifarConfig), its recipes' variants and the bounds each setting is checked
+against."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+
+def timed_region(cfg: CifarConfig) -> str:
+    """What train_seconds covers, for the result file and the summary (as airbench times)."""
+    final = f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
+    return (f"whitening init + training + {final}, device-synchronized; excludes data loading, upload, per-epoch "
+            "table evaluations, checkpoint writes and the warm-up run")
+
+# Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
+MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
+
+
+# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
+# the machine away before the first step.
+MAX_BATCH = 1 << 16
+MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
+MAX_EPOCHS = 10_000.0
+MAX_GROUPS = 8
+MAX_WIDTH = 8192
+
+
+@dataclass(frozen=True)
+class CifarConfig(SystemConfig):
+    """Settings of the cifar family; the device-side ones (precision, channels_last, compile, cudnn_benchmark,
+    check_finite_loss, sync_bn) come from config.SystemConfig, shared by every family."""
+
+    target_accuracy: float = 0.94  # fraction; the share of runs reaching it is reported
+    # Schedule
+    batch_size: int = 1024
+    epochs: float = 9.9  # fractional epochs count steps exactly: ceil(epochs * N / batch_size)
+    # Augmentation (speedrun/data/augment.py)
+    flip: Literal["none", "random", "alternating"] = "alternating"
+    translate_px: int = 2  # random shift with reflect padding, in pixels
+    cutout_px: int = 0  # side of the zeroed square; 0 = off
+    cutmix_px: int = 0  # side of the pasted square; 0 = off
+    # Network (speedrun/models/cifar_net.py)
+    widths: tuple[int, ...] = (64, 256, 256)
+    convs_per_group: int = 2  # 3 = airbench96's residual groups
+    activation: Literal["gelu", "relu", "silu", "celu"] = "gelu"
+    logit_scale: float = 1 / 9  # scaled logits: the head's output is multiplied by this
+    bn_momentum: float = 0.4  # PyTorch convention (weight of the new batch); airbench writes 0.6
+    bn_eps: float = 1e-12
+    bn_scale_frozen: bool = True  # BN scales fixed at 1, only biases learn
+    dirac_init: bool = True  # identity init of 3x3 convs (tricks/identity_init.py)
+    # Patch whitening (tricks/whitening.py)
+    whiten_init: bool = True  # off: PyTorch's default init, weights still frozen
+    whiten_kernel_px: int = 2
+    whiten_eps: float = 5e-4
+    whiten_images: int = 5000  # training images (a random sample) whose patches set the covariance
+    whiten_bias_epochs: float = 3.0  # the first conv's bias learns for this many epochs, then freezes
+    # Loss and averaging
+    label_smoothing: float = 0.2
+    lookahead: bool = True
+    lookahead_every_steps: int = 5
+    lookahead_base: float = 0.95
+    tta_level: int = 2  # 0 none, 1 mirror, 2 mirror + 1-px translate (tricks/tta.py)
+    # Optimizer: "sgd" = decoupled Nesterov SGD on everything; "muon" = Muon on conv filters + SGD on the rest
+    optimizer: Literal["sgd", "muon"] = "sgd"
+    lr_per_1024: float = 11.5  # lr per 1024 examples (tricks/decoupled_sgd.py)
+    weight_decay_per_1024: float = 0.0153
+    momentum: float = 0.85
+    bias_lr_mult: float = 64.0  # BN biases learn this much faster (weight decay unchanged)
+    lr_start_mult: float = 0.2  # triangular schedule (tricks/schedule.py)
+    lr_peak_frac: float = 0.23
+    lr_end_mult: float = 0.07
+    muon_lr: float = 0.24
+    muon_momentum: float = 0.6
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 3
+    muon_bias_lr: float = 0.053  # PyTorch lr (summed loss) of whitening/BN biases under Muon
+    muon_head_lr: float = 0.67
+    muon_weight_decay_per_example: float = 2e-6  # times batch_size, per step
+    # Evaluation
+    eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
+    eval_batch_size: int = 2000
+
+    def validate(self) -> None:
+        """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
+        for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"bad config: {f.name}={value} must be a finite number")
+            # Every float setting multiplies others (lr x bias_lr_mult x schedule ...) into scalars that torch casts
+            # to float32: 1e308 is finite here but not there, and fails mid-step. No sensible value is this large.
+            if isinstance(value, float) and abs(value) > MAX_FLOAT_SETTING:
+                raise ValueError(f"bad config: {f.name}={value:g} is outside [-{MAX_FLOAT_SETTING:g}, "
+                                 f"{MAX_FLOAT_SETTING:g}]")
+        nonneg = ("weight_decay_per_1024", "lr_start_mult", "lr_end_mult", "muon_lr",
+                  "muon_weight_decay_per_example", "whiten_bias_epochs", "translate_px", "cutout_px", "cutmix_px")
+        # Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0.
+        positive = ("lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr")
+        checks = [
+            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
+            (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
+            (1 <= len(self.widths) <= MAX_GROUPS and all(1 <= w <= MAX_WIDTH for w in self.widths),
+             f"widths must be 1 to {MAX_GROUPS} numbers in [1, {MAX_WIDTH}], e.g. 64,256,256"),
+            (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3"),
+            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
+            (0 <= self.momentum < 1 and 0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
+            (0 < self.bn_momentum <= 1, "bn_momentum must be in (0, 1]"),
+            (self.bn_eps > 0 and self.whiten_eps > 0, "bn_eps and whiten_eps must be > 0"),
+            (self.logit_scale > 0, "logit_scale must be > 0"),
+            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1], e.g. 0.94"),
+            (all(getattr(self, k) >= 0 for k in nonneg), f"{', '.join(nonneg)} must be >= 0"),
+            (all(getattr(self, k) > 0 for k in positive), f"{', '.join(positive)} must be > 0"),
+            (1 <= self.lookahead_every_steps <= 10**6 and 0 <= self.lookahead_base <= 1,
+             "lookahead_every_steps must be in [1, 1000000] and lookahead_base in [0, 1]"),
+            (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
+            (1 <= self.whiten_kernel_px <= 8 and 1 <= self.whiten_images <= 10**7,
+             "whiten_kernel_px must be in [1, 8] and whiten_images in [1, 10000000]"),
+            (1 <= self.muon_ns_steps <= 20, "muon_ns_steps must be in [1, 20]"),
+            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"bad config: {message}")
+
+
+def cifar10_94() -> CifarConfig:
+    return CifarConfig()
+
+
+def cifar10_94_muon() -> CifarConfig:
+    # airbench94_muon (REFERENCES.md): batch 2000, 8 epochs, lrs decay linearly to 0, no Lookahead,
+    # head output divided by its width.
+    return dataclasses.replace(CifarConfig(), optimizer="muon", batch_size=2000, epochs=8.0, lookahead=False,
+                               lr_start_mult=1.0, lr_peak_frac=0.0, lr_end_mult=0.0, logit_scale=1 / 256)
+
+
+def cifar10_95() -> CifarConfig:
+    return dataclasses.replace(CifarConfig(), target_accuracy=0.95, widths=(128, 384, 384), epochs=15.0,
+                               lr_per_1024=10.0)
+
+
+def cifar10_96() -> CifarConfig:
+    return dataclasses.replace(CifarConfig(), target_accuracy=0.96, widths=(128, 384, 512), convs_per_group=3,
+                               epochs=37.0, lr_per_1024=9.0, weight_decay_per_1024=0.012, translate_px=4,
+                               cutout_px=12)
