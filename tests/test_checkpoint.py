@@ -188,7 +188,7 @@ def test_a_flipped_byte_in_tensor_data_fails_the_checksum(tmp_path):
 
 def test_a_file_larger_than_memory_is_refused_before_reading(tmp_path, monkeypatch):
     path = save_checkpoint(tmp_path, 0, 1, {"w": torch.zeros(1000)}, {}, keep=1)
-    monkeypatch.setattr(limits, "_available_memory_bytes", lambda: 1000)
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: 1000)
     monkeypatch.setattr(ck.safetensors, "safe_open", None)  # never reached
     with pytest.raises(CheckpointError, match=f"{path.name} would take 4.* of memory, more than the 1.0 kB available"):
         load_checkpoint(path)
@@ -198,7 +198,7 @@ def forge(path, skeleton, tensors=None, **metadata):
     """A safetensors file whose checksum is right for what it holds, so the checks behind it are reached."""
     tensors = tensors or {}
     fields = {"format": ck.CHECKPOINT_FORMAT, "version": "1", "skeleton": skeleton, "meta": "{}"} | metadata
-    fields["sha256"] = ck._digest(skeleton, fields["meta"], [tensors[k] for k in sorted(tensors, key=int)])
+    fields["sha256"] = ck.checkpoint_digest(skeleton, fields["meta"], [tensors[k] for k in sorted(tensors, key=int)])
     safetensors.torch.save_file(tensors, path, metadata=fields)
     return path
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from speedrun.run import runner as runs
 from speedrun.cli.program import main
 from speedrun.models.cifar_net import output_side
+from speedrun.engine.loop import RunResult
 from speedrun.recipes import cifar
 
 FIELDS = {f.name: f for f in dataclasses.fields(cifar.CifarConfig)}
@@ -164,7 +165,7 @@ def _checking_run(started: list):
         assert int(data.train_labels.max()) < data.num_classes and int(data.train_labels.min()) >= 0
         assert cfg.translate_px < min(h, w)
         started.append(seed)
-        return cifar.RunResult(seed=seed, accuracy=0.5, train_seconds=0.01, epochs=cfg.epochs, steps=1)
+        return RunResult(seed=seed, accuracy=0.5, train_seconds=0.01, epochs=cfg.epochs, steps=1)
     return run
 
 

@@ -362,8 +362,8 @@ def test_image_folder_decode_pool_matches_serial_and_reports_errors(tmp_path, mo
     _image_folder(tmp_path / "pics", np.random.default_rng(11), per_class=(("a", 5, 0), ("b", 4, 0)))
     paths = sorted(str(p) for p in (tmp_path / "pics" / "train").rglob("*.png"))
     serial = folder.decode(paths, workers=1)
-    monkeypatch.setattr(folder, "_PARALLEL_MIN", 2)
-    monkeypatch.setattr(folder, "_CHUNK", 2)
+    monkeypatch.setattr(folder, "PARALLEL_MIN", 2)
+    monkeypatch.setattr(folder, "CHUNK", 2)
     assert np.array_equal(folder.decode(paths, workers=2), serial)
     Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(paths[-1])  # the error comes from a worker process
     with pytest.raises(ValueError, match="2x2"):

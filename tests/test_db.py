@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from speedrun.cli import file_commands
 from speedrun.records import db as db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def count(conn, table: str) -> int:
 
 WRITER = """
 import json, sys
-from speedrun import db
+from speedrun.records import db
 result = json.load(open(sys.argv[2]))
 conn = db.connect(sys.argv[1])
 for i in range(25):
@@ -57,7 +58,7 @@ def test_eight_writer_processes_on_a_new_database_lose_nothing(tmp_path):
 
 KILLED = """
 import json, sys, time
-from speedrun import db
+from speedrun.records import db
 conn = db.connect(sys.argv[1])
 result = json.load(open(sys.argv[2]))
 result["command"] = "the killed writer"
@@ -149,7 +150,7 @@ def test_import_of_every_stored_result_round_trips_and_is_idempotent(tmp_path, c
     assert {r["kind"] for r in db.query_reports(conn)} == kinds
     assert len(db.query_reports(conn)) == len(reports) and len(db.query(conn)) == len(files) - len(reports)
     args = argparse.Namespace(files=[str(f) for f in files[:2]], db=str(tmp_path / "r.db"))
-    assert db.import_command(args) == 0
+    assert file_commands.import_command(args) == 0
     assert capsys.readouterr().out.splitlines() == [f"{f} already stored as #{e.id}" for f, e in zip(files[:2], done)]
 
 
@@ -178,7 +179,7 @@ def test_query_filters_and_the_results_command(tmp_path, capsys):
     def run(**flags):
         args = dict(recipe=None, dataset=None, device=None, since=None, until=None, command_text=None, limit=None,
                     json=False, csv=False, db=str(tmp_path / "r.db"))
-        assert db.results_command(argparse.Namespace(**{**args, **flags})) == 0
+        assert file_commands.results_command(argparse.Namespace(**{**args, **flags})) == 0
         return capsys.readouterr().out
 
     assert json.loads(run(json=True, device="cpu")) == db.query(conn, device="cpu")
@@ -223,7 +224,7 @@ def test_hostile_databases_and_files(tmp_path, capsys):
     assert done[1].id == 1 and done[1].error is None and count(conn, "results") == 1
     assert "not valid JSON" in done[2].error and "No such file" in done[3].error
     args = argparse.Namespace(files=[str(bad), str(good)], db=str(tmp_path / "r.db"))
-    assert db.import_command(args) == 2
+    assert file_commands.import_command(args) == 2
     out, err = capsys.readouterr()
     assert out.splitlines() == [f"{good} already stored as #1"]  # the failure is on stderr, as the command's error
     assert err.startswith(f"speedrun: error: {bad}: ") and err.count("\n") == 1

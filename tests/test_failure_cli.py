@@ -20,6 +20,7 @@ import torch
 from speedrun.run import runner as runs
 from speedrun.cli.program import main
 from speedrun.recipes import cifar
+from speedrun.recipes.cifar import loop as cifar_loop
 
 TINY = ["--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--epochs", "0.5",
         "--set", "batch_size=32", "--set", "widths=8,16,16", "--set", "whiten_images=32"]
@@ -111,7 +112,7 @@ def test_nets_that_cannot_fit_in_memory_are_refused_before_building(dataset, ext
                                                                      no_run, monkeypatch):
     from speedrun.data import limits
 
-    monkeypatch.setattr(limits, "_available_memory_bytes", lambda: 8 * 2**30)  # the same verdict on any machine
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: 8 * 2**30)  # the same verdict on any machine
     code = main(["train", "--dataset", dataset, "--device", "cpu", *extra, "--json", str(tmp_path / "r.json")])
     err = _one_line_error(capsys, code, fragment)
     assert "more than the 8.6 GB available" in err
@@ -136,12 +137,12 @@ def test_the_cpu_allocators_error_is_out_of_memory_not_a_bug(monkeypatch, capsys
 
 def test_an_interrupt_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
     """Ctrl-C while torch and the data are imported (before any handler of the run) is exit 130, one line."""
-    from speedrun.cli import program as cli
+    from speedrun.cli import train_commands
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_train", interrupted)
+    monkeypatch.setattr(train_commands, "train_command", interrupted)
     assert main(["train", *TINY]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("speedrun: interrupted")
@@ -259,7 +260,7 @@ def test_nan_loss_stops_the_run_within_one_step(tmp_path, monkeypatch, capsys):
         steps_taken.append(1)
         return logits, loss * float("nan") if len(steps_taken) == 3 else loss
 
-    monkeypatch.setattr(cifar, "train_step", step_with_nan_at_3)
+    monkeypatch.setattr(cifar_loop, "train_step", step_with_nan_at_3)
     out = tmp_path / "r.json"
     code = main(["train", *TINY, "--epochs", "2", "--json", str(out), "--quiet"])
     err = capsys.readouterr().err
@@ -409,11 +410,12 @@ def test_the_data_limit_holds_for_every_source(capsys, tmp_path, monkeypatch, no
 def test_after_the_first_interrupt_further_signals_are_ignored(monkeypatch, capsys):
     """A double Ctrl-C used to interrupt the interpreter's shutdown and print a traceback."""
     from speedrun.cli import program as cli
+    from speedrun.cli import train_commands
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_train", interrupted)
+    monkeypatch.setattr(train_commands, "train_command", interrupted)
     monkeypatch.setattr(sys, "argv", ["speedrun", "train", *TINY])
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -478,13 +478,13 @@ def test_fetch_leaves_an_existing_file_alone_when_it_loses_the_race(tmp_path, mo
     src = tmp_path / "archive.tar.gz"
     src.write_bytes(payload)
     dest = tmp_path / "dl" / "archive.tar.gz"
-    real_publish = download._publish
+    real_publish = download.publish
 
     def racing_publish(part, target):
         target.write_bytes(b"someone else's file")
         return real_publish(part, target)
 
-    monkeypatch.setattr(download, "_publish", racing_publish)
+    monkeypatch.setattr(download, "publish", racing_publish)
     with pytest.raises(ValueError) as err:
         fetch(src.as_uri(), dest, hashlib.md5(payload).hexdigest())
     _one_line(str(err.value), str(dest), "exists but its md5", "data_dir (--data-dir)")

@@ -104,7 +104,7 @@ def test_bomb_variants_stay_small(tmp_path):
     cache = str(tmp_path / "c")
     body = f"""
     from speedrun.data import folder
-    folder._PARALLEL_MIN, folder._CHUNK = 2, 1  # the second case decodes in worker processes
+    folder.PARALLEL_MIN, folder.CHUNK = 2, 1  # the second case decodes in worker processes
     for root in {[str(zlib_root), str(later), str(huge), str(total)]!r}:
         try:
             speedrun.data.sources.load_dataset(root, cache_dir={cache!r})
@@ -205,8 +205,8 @@ def test_worker_error_reraises_as_one_line_without_remote_traceback(tmp_path, mo
     bad = root / "train" / "c" / "1.png"
     bad.write_text("garbage")
     paths = sorted(str(p) for p in root.rglob("*.png"))
-    monkeypatch.setattr(folder, "_PARALLEL_MIN", 2)
-    monkeypatch.setattr(folder, "_CHUNK", 2)
+    monkeypatch.setattr(folder, "PARALLEL_MIN", 2)
+    monkeypatch.setattr(folder, "CHUNK", 2)
     with pytest.raises(ValueError) as err:
         folder.decode(paths, workers=2)
     assert type(err.value) is ValueError and err.value.__cause__ is None
@@ -336,8 +336,8 @@ def slow(path, image_size, ref):
     return np.zeros((4, 4), np.uint8)
 
 signal.signal(signal.SIGTERM, stop)
-folder._read, folder._header_size = slow, lambda path: (4, 4)
-folder._PARALLEL_MIN, folder._CHUNK = 2, 4
+folder.read_image, folder.header_size = slow, lambda path: (4, 4)
+folder.PARALLEL_MIN, folder.CHUNK = 2, 4
 try:
     folder.decode([f"p{i}" for i in range(400)], workers=2)
 except (Stop, KeyboardInterrupt) as e:
@@ -370,10 +370,10 @@ def test_a_worker_killed_from_outside_is_one_line_not_a_hang(monkeypatch):
             os.kill(os.getpid(), signal.SIGKILL)
         return np.zeros((4, 4), np.uint8)
 
-    monkeypatch.setattr(folder, "_read", killed_on_p9)
-    monkeypatch.setattr(folder, "_header_size", lambda path: (4, 4))
-    monkeypatch.setattr(folder, "_PARALLEL_MIN", 2)
-    monkeypatch.setattr(folder, "_CHUNK", 4)
+    monkeypatch.setattr(folder, "read_image", killed_on_p9)
+    monkeypatch.setattr(folder, "header_size", lambda path: (4, 4))
+    monkeypatch.setattr(folder, "PARALLEL_MIN", 2)
+    monkeypatch.setattr(folder, "CHUNK", 4)
     with pytest.raises(ValueError, match=r"^my pics: a decode worker died \(killed by signal 9; out of memory\?\)"):
         folder.decode([f"p{i}" for i in range(40)], workers=2, source="my pics")
 
@@ -458,10 +458,10 @@ def test_cache_with_valid_checksum_but_bad_labels_is_rebuilt(tmp_path):
     root = _folder(tmp_path / "pics")
     first = load_dataset(str(root), cache_dir=tmp_path / "cache")
     (path,) = (tmp_path / "cache" / "cache").glob("*.pt")
-    tensors = {k: getattr(first, k).clone() for k in cache._TENSORS}
+    tensors = {k: getattr(first, k).clone() for k in cache.TENSORS}
     tensors["test_labels"][0] = 7  # two classes: out of range, and signed as if we had written it
     payload = {"format": cache.CACHE_FORMAT, "name": first.name, "classes": first.classes, **tensors,
-               "sha256": cache._checksum(first.name, first.classes, tensors)}
+               "sha256": cache.checksum(first.name, first.classes, tensors)}
     torch.save(payload, path)
     with pytest.warns(SpeedrunWarning, match=r"unreadable \(ValueError: .*test label 7 is outside \[0, 2\)"):
         rebuilt = load_dataset(str(root), cache_dir=tmp_path / "cache")

@@ -18,8 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
+from speedrun import dist
 from speedrun.data.shards import write_split
 from speedrun.recipes import RECIPES, imagenet
+from speedrun.recipes.imagenet import loop as imagenet_loop
 from speedrun.recipes.imagenet import data as imagenet_checks
 from speedrun.run.runner import train
 
@@ -266,13 +268,13 @@ def test_evaluation_decodes_at_least_the_centre_crops_full_size(shards, monkeypa
     assert imagenet.eval_decode_px(imagenet.resnet50()) == 293  # 256 / (224 / 256)
     assert imagenet.eval_decode_px(imagenet.debug()) == 32
     seen = []
-    real = imagenet.eval_batches
+    real = imagenet_loop.eval_batches
 
     def spy(dataset, **kw):
         seen.append(dataset.decode_px)
         return real(dataset, **kw)
 
-    monkeypatch.setattr(imagenet, "eval_batches", spy)
+    monkeypatch.setattr(imagenet_loop, "eval_batches", spy)
     cfg = imagenet_checks.with_epochs(dataclasses.replace(imagenet.debug(), eval_res_px=48, eval_crop_ratio=0.75), 0.2)
     imagenet.train_run(cfg, imagenet_checks.load_data(str(shards)), torch.device("cpu"), seed=0)
     assert seen == [64]
@@ -300,4 +302,4 @@ def test_on_a_cpu_the_family_trains_contiguous_unless_asked_and_refuses_the_cras
     assert run.steps == 1 and stem.ndim == 4 and not stem.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="channels_last=on with width=8 crashes"):
         imagenet_checks.check(dataclasses.replace(cfg, channels_last="on"), data, torch.device("cpu"),
-                              imagenet.dist.World())
+                              dist.World())

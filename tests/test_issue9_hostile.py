@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from speedrun.cli.program import _one_line, main
+from speedrun.cli.output import one_line as _one_line
+from speedrun.cli.program import main
 from speedrun.data import shards
 from speedrun.data.prepare import prepare_image
 from speedrun.data.prepare_tree import prepare_tree

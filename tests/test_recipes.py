@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from speedrun.recipes import cifar
+from speedrun.recipes.cifar import loop as cifar_loop
 from speedrun.run.runner import RECIPES, get_recipe, make_config
 
 from conftest import make_tiny
@@ -56,16 +57,16 @@ def test_one_channel_28px_data_works():
 
 def test_muon_variant_trains_with_muon_and_sgd():
     cfg = cifar.cifar10_94_muon()
-    net = cifar.CifarNet(widths=(8, 8, 8))
+    net = cifar_loop.CifarNet(widths=(8, 8, 8))
     sgd, muon = cifar.build_optimizers(cfg, net)
-    assert isinstance(muon, cifar.Muon)
+    assert isinstance(muon, cifar_loop.Muon)
     assert id(net.whiten.bias) in {id(p) for p in sgd.param_groups[0]["params"]}  # with the BN biases
     assert {id(p) for g in muon.param_groups for p in g["params"]} == \
         {id(p) for n, p in net.named_parameters() if "convs" in n}
 
 
 def test_sgd_parameter_groups_follow_airbench94():
-    net = cifar.CifarNet(widths=(8, 8, 8))
+    net = cifar_loop.CifarNet(widths=(8, 8, 8))
     (sgd,) = cifar.build_optimizers(cifar.cifar10_94(), net)
     fast, base = sgd.param_groups
     bn_biases = {id(m.bias) for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)}
@@ -86,8 +87,8 @@ def test_whitening_bias_freezes_after_its_window(monkeypatch):
     cfg = dataclasses.replace(cifar.cifar10_94(), batch_size=32, epochs=2.0, widths=(8, 8, 8), whiten_images=32,
                               whiten_bias_epochs=1.0, eval_each_epoch=False)
     built = []
-    original = cifar.CifarNet
-    monkeypatch.setattr(cifar, "CifarNet", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
+    original = cifar_loop.CifarNet
+    monkeypatch.setattr(cifar_loop, "CifarNet", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
     seen = []  # the whitening bias's requires_grad after each step
     cifar.train_run(cfg, data, CPU, seed=0,
                     on_step=lambda step, total: seen.append(built[0].whiten.bias.requires_grad))

@@ -140,12 +140,12 @@ def test_git_state_reads_commit_and_dirty_flag(tmp_path):
                                "-c", "commit.gpgsign=false", *args], check=True, capture_output=True, text=True)
 
     git("init", "-q")
-    assert results._git_state(tmp_path) == (None, None)  # no commit yet
+    assert results.git_state(tmp_path) == (None, None)  # no commit yet
     (tmp_path / "f.py").write_text("x = 1\n")
     git("add", "f.py")
     git("commit", "-q", "-m", "init", "--no-verify")
     head = git("rev-parse", "HEAD").stdout.strip()
-    assert results._git_state(tmp_path) == (head, False)
+    assert results.git_state(tmp_path) == (head, False)
     (tmp_path / "f.py").write_text("x = 2\n")
-    assert results._git_state(tmp_path) == (head, True)
-    assert results._git_state(tmp_path / "venv" / "lib" / "site-packages" / "speedrun") == (None, None)
+    assert results.git_state(tmp_path) == (head, True)
+    assert results.git_state(tmp_path / "venv" / "lib" / "site-packages" / "speedrun") == (None, None)

@@ -15,6 +15,7 @@ from PIL import Image
 import speedrun
 from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.cli.program import main
+from speedrun.recipes.cifar import loop as cifar_loop
 
 SMALL = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "2", "--set", "batch_size=64",
          "--set", "widths=8,16,16", "--set", "whiten_images=64", "--quiet"]
@@ -172,7 +173,7 @@ def test_a_well_formed_checkpoint_with_wrong_content_is_one_line_before_training
     _craft("ck", change)
     trained = []
     real_step = cifar.train_step
-    monkeypatch.setattr(cifar, "train_step", lambda *a, **k: trained.append(1) or real_step(*a, **k))
+    monkeypatch.setattr(cifar_loop, "train_step", lambda *a, **k: trained.append(1) or real_step(*a, **k))
     capsys.readouterr()
     assert main([*argv, "--resume", "auto"]) == 2
     assert fragment in _error(capsys) and not trained

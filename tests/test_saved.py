@@ -19,6 +19,7 @@ import torch
 from conftest import make_tiny
 from PIL import Image
 
+from speedrun.cli import train_commands
 from speedrun.run import export as saved
 from speedrun.data.loader import normalize
 from speedrun.engine.loop import evaluate
@@ -142,7 +143,7 @@ def test_evaluate_saved_matches_engine_evaluate(stem, trained, tmp_path, monkeyp
     assert result["accuracy"] == expected and (result["n"], result["tta_level"], result["model"]) == (64, 2, str(stem))
     args = argparse.Namespace(model=str(stem), dataset=str(root), data_dir=None, image_size=None, device="cpu",
                               json=str(tmp_path / "r.json"), quiet=True)
-    assert saved.eval_command(args) == 0
+    assert train_commands.eval_command(args) == 0
     line = f"accuracy {100 * expected:.2f}% on {result['dataset']} test (64 images, TTA level 2)\n"
     assert capsys.readouterr().out == line
     assert json.loads((tmp_path / "r.json").read_text())["accuracy"] == expected
@@ -168,7 +169,7 @@ def test_predict_files_rgb_grey_and_other_sizes(stem, trained, tmp_path, capsys)
     assert [f for f, _ in result] == files and all(len(top) == 3 for _, top in result)
     assert _same(result[0][1], model.predict(data.test_images[:1], top=3)[0])
     assert _same(result[1][1], model.predict(torch.from_numpy(grey).expand(1, 3, 32, 32), top=3)[0])  # replicated
-    assert saved.predict_command(argparse.Namespace(model=str(stem), images=files, top=2, device="cpu")) == 0
+    assert train_commands.predict_command(argparse.Namespace(model=str(stem), images=files, top=2, device="cpu")) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == files and lines[0].count(",") == 1
     # A grey model takes RGB files as Pillow's "L" would.

@@ -9,6 +9,7 @@ from torch import nn
 
 from speedrun.models import CifarNet
 from speedrun.recipes import cifar
+from speedrun.recipes.cifar import loop as cifar_loop
 from speedrun.tricks import lookahead as lookahead_mod
 from speedrun.tricks import precision, whitening
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
@@ -52,7 +53,7 @@ def test_whitened_first_layer_makes_patch_covariance_identity(channels, k):
 def test_whitening_off_leaves_default_init(monkeypatch, tiny):
     def boom(*a, **k):
         raise AssertionError("patch whitening ran although whiten_init=false")
-    monkeypatch.setattr(cifar, "patch_whitening_init_", boom)
+    monkeypatch.setattr(cifar_loop, "patch_whitening_init_", boom)
     cifar.train_run(small_cfg(whiten_init=False), tiny, CPU, seed=0)
 
 
@@ -137,7 +138,7 @@ def test_lookahead_fused_update_equals_the_per_tensor_rule():
 def test_lookahead_off_never_touches_the_weights(monkeypatch, tiny):
     def boom(*a, **k):
         raise AssertionError("Lookahead used although lookahead=false")
-    monkeypatch.setattr(cifar, "Lookahead", boom)
+    monkeypatch.setattr(cifar_loop, "Lookahead", boom)
     cifar.train_run(small_cfg(lookahead=False), tiny, CPU, seed=0)
 
 

@@ -68,10 +68,14 @@ def loops(g: grimp.ImportGraph) -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    sys.setrecursionlimit(10_000)
-    for module in sorted(g.modules):
-        if module not in index:
-            visit(module)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))  # one frame per module on the longest path
+    try:
+        for module in sorted(g.modules):
+            if module not in index:
+                visit(module)
+    finally:
+        sys.setrecursionlimit(limit)
     return found
 
 

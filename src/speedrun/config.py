@@ -2,7 +2,7 @@
 
 A recipe's config is a dataclass whose field types are plain: bool, int, float, str, a Literal of strings, or a
 tuple of ints. Overrides are parsed against those types; an unknown key or a value of the wrong type raises a
-one-line ValueError that names the key and the fix (STYLE.md habit 3).
+one-line ValueError that names the key and the fix.
 """
 
 from __future__ import annotations
@@ -133,19 +133,20 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
 class SystemConfig:
     """Device-side settings every recipe family shares (torchtitan's reusable sections): how the work runs, not
     what is trained. A family's Config inherits them, so `--set precision=bf16` means the same in every family.
-    engine.setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
+    engine/system.py's setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
 
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
     channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU (see below), off for MPS
     # What channels_last=auto means on a CPU for this family (a class constant, not a setting): a family whose
     # CPU runs crash in channels_last turns it off here, and everything that resolves "auto" (the run, ablate's
-    # "already off") reads it through engine.setup_system.
+    # "already off") reads it through engine/system.py's setup_system.
     CHANNELS_LAST_AUTO_ON_CPU: ClassVar[bool] = True
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
         "max-autotune-no-cudagraphs"  # torch.compile's modes
     cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
-    check_finite_loss: bool = True  # stop a run within one step of its loss turning NaN/inf (engine.FiniteLossGuard)
+    # stop a run within one step of its loss turning NaN/inf (engine/loop.py's FiniteLossGuard)
+    check_finite_loss: bool = True
     # Under torchrun: BatchNorm normalizes each process's share of the batch by that share's statistics unless
     # this is on (SyncBatchNorm: statistics over the global batch, an all-reduce per BN layer; CUDA only).
     sync_bn: bool = False

@@ -1,10 +1,10 @@
-"""Everything torchrun and DDP (STYLE.md habit 7): the world a process runs in, wrapping, reductions, barriers.
+"""Everything torchrun and DDP: the world a process runs in, wrapping, reductions, barriers.
 
 Recipes ask this module for the rank and world size, a wrapped model, and sums across processes; no other module
 imports torch.distributed. One process (no torchrun) is a World of size 1, and every function here is then a no-op
 that costs nothing.
 
-The contract with the loops (issue 7): the global batch is defined in examples and fixed; each of K processes
+The contract with the loops: the global batch is defined in examples and fixed; each of K processes
 takes an equal 1/K share of every batch; the loss each process differentiates is the sum over its share, and the
 gradients are *summed* across processes (sum_hook), so the step is exactly the single-process step on the global
 batch (up to float summation order and BatchNorm's per-process statistics), and the lr schedule and step count do
@@ -16,10 +16,13 @@ from __future__ import annotations
 import datetime
 import os
 import shlex
+import sys
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 # torchrun's environment (torch.distributed.run): which process this is, of how many, on how many machines.
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -98,8 +101,6 @@ def init(world: World, device: torch.device) -> World:
     """Join the process group (NCCL for CUDA devices, gloo otherwise); returns the world with its backend."""
     if world.size == 1:
         return world
-    import torch.distributed as dist
-
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -125,10 +126,8 @@ def shutdown(world: World, in_step: bool) -> None:
     stopped all of them at the same step), so they wait for each other first: a process that tears its group down
     while a peer still talks to it can abort ("terminate called without an active exception"). After a failure
     no one waits: the peers may be gone, and torchrun stops the rest. A program that wrapped a model in DDP ends
-    with exit_process after this (cli.entry does)."""
+    with exit_process after this (cli/program.py's entry does)."""
     if world.size > 1:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             if in_step:
                 dist.barrier()
@@ -147,8 +146,6 @@ def exit_process(code: int) -> None:
     18 of 40 two-process runs of a 15-line DDP script under CPU load, 0 of 40 ending with os._exit. The same abort
     failed 1 in about 30 of the torchrun tests."""
     if _joined[0]:
-        import sys
-
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -161,8 +158,6 @@ def _sum_hook(group, bucket):
     """DDP communication hook: gradients summed across processes (DDP's default averages them). Each process's
     loss is the sum over its share of the batch, so the sum is the gradient of the loss summed over the global
     batch, the quantity one process computes (the CIFAR recipes' lr is per summed loss, as airbench's)."""
-    import torch.distributed as dist
-
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
@@ -174,8 +169,6 @@ def wrap(model: nn.Module, world: World, device: torch.device, sync_bn: bool = F
     """
     if world.size == 1:
         return model
-    from torch.nn.parallel import DistributedDataParallel
-
     if sync_bn:
         if device.type != "cuda":
             raise ValueError("sync_bn needs CUDA devices (PyTorch's SyncBatchNorm does not run on CPUs); "
@@ -221,8 +214,6 @@ def sum_(tensor: torch.Tensor, world: World, async_op: bool = False):
     """In-place sum across processes (a no-op for one); returns the work handle when async_op."""
     if world.size == 1:
         return None
-    import torch.distributed as dist
-
     return dist.all_reduce(tensor, async_op=async_op)
 
 
@@ -231,8 +222,6 @@ def broadcast_model(model: nn.Module, world: World) -> None:
     statistics, and the averages Lookahead keeps of them, are per process)."""
     if world.size == 1:
         return
-    import torch.distributed as dist
-
     with torch.no_grad():
         for t in unwrap(model).state_dict().values():
             dist.broadcast(t, src=0)
@@ -242,8 +231,6 @@ def broadcast_object(obj, world: World):
     """Rank 0's picklable `obj` on every process (small control data only: which checkpoint to resume)."""
     if world.size == 1:
         return obj
-    import torch.distributed as dist
-
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -281,8 +268,6 @@ def main_first(world: World, fn, *, everyone: bool = True):
 
 def barrier(world: World) -> None:
     if world.size > 1:
-        import torch.distributed as dist
-
         dist.barrier()
 
 

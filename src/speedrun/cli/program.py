@@ -1,4 +1,5 @@
-"""The `speedrun` command: each subcommand calls one function (the grammar is cli_parser.py).
+"""The `speedrun` command: each subcommand calls one handler (the grammar is parser.py; the handlers are in
+file_commands.py and train_commands.py).
 
 Failure behaviour (README "Failure behaviour"):
 - a user error (bad flag, config, data or path) prints one line on stderr and exits 2, before any training;
@@ -12,17 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import os
 import signal
 import sys
 import warnings
 
-from speedrun.cli.output import (EXIT_DIVERGED, EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say,
-                                  under_torchrun)
+from speedrun.cli.output import EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say, under_torchrun
+from speedrun.cli.parser import build_parser
+from speedrun.errors import SpeedrunWarning, Terminated
+from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
+
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    from speedrun.errors import SpeedrunWarning
-
     if other_rank():
         return
     kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
@@ -32,8 +35,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 @contextlib.contextmanager
 def _cli_signals_and_warnings():
     """SIGTERM raises errors.Terminated (an interrupt) in the main thread; warnings print as one line."""
-    from speedrun.errors import Terminated
-
     def on_term(signum, frame):
         raise Terminated()
 
@@ -56,32 +57,19 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
 
 
-def _train(args, argv: list[str]) -> int:
-    from speedrun import dist
-    from speedrun.run import runner as runs  # deferred: `speedrun --help` should not import torch
-    from speedrun.config import parse_set_args
-    from speedrun.records.db import default_db_path
-
-    overrides = parse_set_args(args.overrides)
-    result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
-                        seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
-                        json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
-                        command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
-                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                        resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
-                        db=args.db or default_db_path(), overrides=overrides)
-    return EXIT_DIVERGED if result.diverged_runs else 0
-
-
-# Each subcommand's function: (module, function, whether it takes the command line too).
-_COMMANDS = {"eval": ("run.export", "eval_command", False), "predict": ("run.export", "predict_command", False),
-             "bench": ("instruments.bench", "bench_command", True),
-             "ablate": ("instruments.ablate", "ablate_command", True),
-             "compare": ("instruments.compare", "compare_command", True),
-             "results": ("records.db", "results_command", False),
-             "report": ("report.queries", "report_command", False),
-             "data": ("data.prepare_tree", "prepare_command", False),
-             "bench-loader": ("instruments.bench_loader", "bench_loader_command", True)}
+# Each subcommand's handler: (its module in speedrun.cli, the function, whether it takes the command line too).
+# The module is imported when its command runs: train_commands imports torch, which `speedrun --help`, `speedrun
+# recipes` and the file commands do without.
+_COMMANDS = {"train": ("train_commands", "train_command", True),
+             "bench": ("train_commands", "bench_command", True),
+             "ablate": ("train_commands", "ablate_command", True),
+             "eval": ("train_commands", "eval_command", False),
+             "predict": ("train_commands", "predict_command", False),
+             "bench-loader": ("train_commands", "bench_loader_command", True),
+             "results": ("file_commands", "results_command", False),
+             "compare": ("file_commands", "compare_command", True),
+             "report": ("file_commands", "report_command", False),
+             "data": ("file_commands", "prepare_command", False)}
 
 
 # The commands that train, and so take part in a torchrun job (every process trains; rank 0 prints and writes).
@@ -90,8 +78,6 @@ DISTRIBUTED_COMMANDS = ("train", "bench", "ablate")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from speedrun.cli.parser import build_parser
-
     args = build_parser().parse_args(argv)
     if args.command not in DISTRIBUTED_COMMANDS and under_torchrun():
         # K copies of a one-process command would each write the same report, file or table (or race on it)
@@ -100,10 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
         return EXIT_USAGE
     if args.command == "recipes":
-        from speedrun.run import runner as runs
-
         try:
-            runs.print_recipes()
+            for line in recipe_lines():
+                print(line)
         except BrokenPipeError:  # `speedrun recipes | head -0`: the reader left; so do we, quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
             return 128 + signal.SIGPIPE
@@ -111,22 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             say(f"speedrun: error: cannot write the list ({exc.strerror})")
             return EXIT_USAGE
         return 0
-    from speedrun.errors import Terminated
-
     prog = prog_name()
     # Everything from here on, the imports of torch and the data included (a second or more), is inside the
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
         with _cli_signals_and_warnings():
-            if args.command in _COMMANDS:
-                import importlib
-
-                module, function, takes_argv = _COMMANDS[args.command]
-                if args.command == "results" and args.results_action == "import":
-                    function = "import_command"
-                run = getattr(importlib.import_module(f"speedrun.{module}"), function)
-                return run(args, argv) if takes_argv else run(args)
-            return _train(args, argv)
+            module, function, takes_argv = _COMMANDS[args.command]
+            if args.command == "results" and args.results_action == "import":
+                function = "import_command"
+            run = getattr(importlib.import_module(f"speedrun.cli.{module}"), function)
+            return run(args, argv) if takes_argv else run(args)
     except ValueError as exc:
         say(f"{prog}: error: {one_line(exc)}{_kept(exc)}")
         return EXIT_USAGE
@@ -193,16 +172,16 @@ def _peer_lost(exc: BaseException) -> bool:
 
 
 def entry() -> int:
-    """The `speedrun` program (console script and `python -m speedrun.cli.program`): main(), then, after an interrupt, no
-    more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice) would otherwise
-    interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and embedding programs
-    call in their own process, whose children would inherit the ignored signals."""
+    """The `speedrun` program (console script and `python -m speedrun.cli.program`): main(), then, after an
+    interrupt, no more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice)
+    would otherwise interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and
+    embedding programs call in their own process, whose children would inherit the ignored signals."""
     code = main()
     if code in (130, 143):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
     if "torch.distributed" in sys.modules:  # under torchrun: the process group's threads must not see teardown
-        from speedrun import dist
+        from speedrun import dist  # imports torch: here only when a command has loaded it already
 
         dist.exit_process(code)
     return code

@@ -25,7 +25,8 @@ from speedrun.data import limits
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.errors import printable, warn
 
-# Bump when the cache layout changes: old files then simply stop matching. 2: payload carries "sha256".
+# Bump when the cache layout changes (this layout's payload carries "sha256"): the number is part of every cache
+# file's name and payload, so files of another layout simply stop matching.
 CACHE_FORMAT = 2
 # What a cache file holds besides the pixels: the zip's headers, the pickled index, int64 labels (0.5 MB for 60,000
 # images) and class names. A file larger than the data limit by more than this holds too many pixels.
@@ -98,21 +99,21 @@ def _build_and_write(path: Path, build: Callable[[], Dataset], log: Log, source:
     return ds
 
 
-_TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
+TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
 
 
-def _checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -> str:
+def checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -> str:
     """sha256 over a JSON header (format, name, classes, each tensor's dtype and shape), then each tensor's raw
-    bytes in _TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
+    bytes in TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
 
     torch.load does not check the zip members' CRC-32, so without this a flipped byte in a label loads silently.
     Cost, measured on 60,000 x 3x32x32 images (184 MB, one AMD EPYC core with SHA-NI): 0.092 s per hash (2.0 GB/s),
     paid once per write and once per cache hit, which it takes from 0.045 s (torch.load alone) to 0.14 s.
     """
     header = {"format": CACHE_FORMAT, "name": name, "classes": classes,
-              "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)] for k in _TENSORS]}
+              "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)] for k in TENSORS]}
     h = hashlib.sha256(json.dumps(header).encode())  # ensure_ascii: any str, surrogates included, encodes
-    for k in _TENSORS:
+    for k in TENSORS:
         h.update(tensors[k].contiguous().numpy().reshape(-1).view(np.uint8))  # native byte order, as saved
     return h.hexdigest()
 
@@ -133,7 +134,7 @@ def _read_cache(path: Path) -> Dataset:
     d = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(d, dict) or d.get("format") != CACHE_FORMAT:
         raise ValueError("not a speedrun cache file of this version")
-    tensors = {k: d[k] for k in _TENSORS}
+    tensors = {k: d[k] for k in TENSORS}
     name, classes, digest = d["name"], d["classes"], d["sha256"]
     ok = (
         all(isinstance(v, torch.Tensor) for v in tensors.values())
@@ -142,10 +143,10 @@ def _read_cache(path: Path) -> Dataset:
     )
     if not ok:
         raise ValueError("entries have the wrong types")
-    if _checksum(name, classes, tensors) != digest:
+    if checksum(name, classes, tensors) != digest:
         raise _ChecksumMismatch("checksum mismatch")
     # Dataset checks dtypes and shapes, check_dataset the labels' range: both raise ValueError, so rebuild.
-    ds = Dataset(name, *(tensors[k].contiguous() for k in _TENSORS), classes)
+    ds = Dataset(name, *(tensors[k].contiguous() for k in TENSORS), classes)
     return check_dataset(ds, str(path))
 
 
@@ -153,8 +154,8 @@ def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
     """Write atomically (temp file in the same directory, then os.replace) and drop this source's old caches."""
     shown = printable(str(path))
     payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes)}
-    payload.update({k: getattr(ds, k) for k in _TENSORS})
-    payload["sha256"] = _checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in _TENSORS})
+    payload.update({k: getattr(ds, k) for k in TENSORS})
+    payload["sha256"] = checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in TENSORS})
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

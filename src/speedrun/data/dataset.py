@@ -53,7 +53,7 @@ class Dataset:
     @property
     def num_train(self) -> int:
         """Training examples: the name every family's data has (imagenet's ShardData too), which the step
-        arithmetic of shared code (to_target.py) reads."""
+        arithmetic of shared code (instruments/to_target.py) reads."""
         return len(self.train_labels)
 
     @property

@@ -158,7 +158,7 @@ def fetch(
                     os.fchmod(out.fileno(), 0o644)
                 start = time.perf_counter()
                 received = _download(url, out, md5, dest, offline_fix, timeout, max_bytes, log)
-            if _publish(part, dest):
+            if publish(part, dest):
                 log(f"downloaded {dest.name}: {received / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s, "
                     f"md5 ok")
                 return dest
@@ -219,7 +219,7 @@ def _download(url: str, out, md5: str, dest: Path, offline_fix: str, timeout: fl
     return received
 
 
-def _publish(part: Path, dest: Path) -> bool:
+def publish(part: Path, dest: Path) -> bool:
     """Give the verified `part` the name `dest`; False, touching nothing, if a `dest` appeared meanwhile."""
     try:
         os.link(part, dest)  # atomic, and fails with FileExistsError instead of overwriting

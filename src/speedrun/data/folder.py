@@ -39,8 +39,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _FORMATS = ("JPEG", "PNG")
 # Modes that carry no colour: decoded as one "L" channel. Everything else converts to RGB (alpha dropped).
 _GRAY_MODES = {"L", "LA", "1"}
-_CHUNK = 1024  # images a worker claims at a time: ~60 claims for CIFAR-10's 60k images keep the cores balanced
-_PARALLEL_MIN = 4096  # below this, starting processes costs more than it saves
+CHUNK = 1024  # images a worker claims at a time: ~60 claims for CIFAR-10's 60k images keep the cores balanced
+PARALLEL_MIN = 4096  # below this, starting processes costs more than it saves
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Pillow's resize first box-reduces by an integer factor while the image stays this many times larger than the
 # target, then resamples: its docs call 3.0 indistinguishable from plain resampling, and it is much faster on photos.
@@ -73,7 +73,8 @@ def _entries(directory: Path) -> list[os.DirEntry]:
         with os.scandir(directory) as it:
             return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError as e:
-        raise ValueError(f"cannot list {printable(str(directory))} ({refusal_reason(e)}); make it a readable folder") from None
+        raise ValueError(f"cannot list {printable(str(directory))} ({refusal_reason(e)}); "
+                         "make it a readable folder") from None
 
 
 def class_dirs(split_dir: Path) -> list[str]:
@@ -219,14 +220,14 @@ def _jpeg_scans(path: str) -> int:
     return count
 
 
-def _header_size(path: str) -> tuple[int, int]:
+def header_size(path: str) -> tuple[int, int]:
     """(width, height) from the header, checked; no pixel is decoded."""
     with open_image(path) as im:
         check_header(path, im, None)
         return im.size
 
 
-def _read(path: str, image_size: int | None, ref: tuple[str, tuple[int, int]] | None) -> np.ndarray:
+def read_image(path: str, image_size: int | None, ref: tuple[str, tuple[int, int]] | None) -> np.ndarray:
     """One image: (H, W) uint8 if it has no colour, else (H, W, 3). With image_size=N it is scaled so its
     shorter side is N and centre-cropped to N x N; without, it must match `ref` (path, (width, height))."""
     with open_image(path) as im:
@@ -257,7 +258,7 @@ def decode_one(path: str, image_size: int | None = None) -> np.ndarray:
     """One image file as uint8 (1, H, W) if it has no colour, else (3, H, W), under the same limits and with the same
     resize as `decode` (for `speedrun predict`). A file that cannot be used raises one ValueError naming it."""
     try:
-        pixels = _read(path, image_size, None)
+        pixels = read_image(path, image_size, None)
     except Refused as e:  # the folder reader's advice is for a dataset's files; this one is the user's input
         raise ValueError(str(e).replace("; delete it or convert it to PNG", "; give a JPEG or PNG file")) from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
@@ -267,7 +268,7 @@ def _decode_into(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size
                  ref: tuple[str, tuple[int, int]] | None) -> None:
     """Decode paths into out (n, 3, H, W); grey images fill channel 0 only and set their `gray` flag."""
     for i, path in enumerate(paths):
-        pixels = _read(path, image_size, ref)
+        pixels = read_image(path, image_size, ref)
         if pixels.ndim == 2:  # (H, W)
             out[i, 0] = pixels
             gray[i] = True
@@ -277,9 +278,9 @@ def _decode_into(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size
 
 def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int | None,
             ref: tuple[str, tuple[int, int]] | None, claimed: Synchronized, errors: Connection) -> None:
-    """A forked decode worker: claims _CHUNK images at a time and decodes them straight into the shared `out`."""
+    """A forked decode worker: claims CHUNK images at a time and decodes them straight into the shared `out`."""
     # Leave signals to the parent. The CLI's SIGTERM handler raises to stop the run: inherited, it would print a
-    # traceback in every worker. SIGTERM now ends a worker at once (it holds no lock the parent will wait for);
+    # traceback in every worker. SIG_DFL: SIGTERM ends a worker at once (it holds no lock the parent will wait for);
     # Ctrl-C reaches the whole foreground process group, and the parent alone turns it into KeyboardInterrupt.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -288,10 +289,10 @@ def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int
         while True:
             with claimed.get_lock():
                 start = claimed.value
-                claimed.value += _CHUNK
+                claimed.value += CHUNK
             if start >= len(paths):
                 return
-            end = min(start + _CHUNK, len(paths))
+            end = min(start + CHUNK, len(paths))
             _decode_into(paths[start:end], out[start:end], gray[start:end], image_size, ref)
     except Refused as e:
         errors.send(str(e))
@@ -371,14 +372,14 @@ def decode(paths: list[str], workers: int | None = None, *, image_size: int | No
         raise ValueError(f"{printable(source)} has no image files to decode; add .jpg/.jpeg/.png files")
     try:
         if image_size is None:
-            ref = (paths[0], _header_size(paths[0]))  # the first file's header sets the size; no pixel decoded
+            ref = (paths[0], header_size(paths[0]))  # the first file's header sets the size; no pixel decoded
             w, h = ref[1]
         else:
             ref, w, h = None, image_size, image_size
         # Three channels whatever the images turn out to be: that is what is allocated below.
         limits.check_dataset_bytes(len(paths) * 3 * h * w, f"{printable(source)} ({len(paths)} images of {w}x{h})")
         workers = default_workers() if workers is None else workers
-        if workers > 1 and len(paths) >= _PARALLEL_MIN and "fork" in mp.get_all_start_methods():
+        if workers > 1 and len(paths) >= PARALLEL_MIN and "fork" in mp.get_all_start_methods():
             # MAP_SHARED anonymous memory: forked workers write their pixels where the parent reads them.
             out = np.frombuffer(mmap.mmap(-1, len(paths) * 3 * h * w), np.uint8).reshape(len(paths), 3, h, w)
             gray = np.frombuffer(mmap.mmap(-1, len(paths)), bool)

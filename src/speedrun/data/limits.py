@@ -32,7 +32,7 @@ MAX_ARCHIVE_MEMBERS = 64  # official: 9 entries (CIFAR-10, with its folder) and 
 MAX_ARCHIVE_TRAILER_BYTES = 1 * 2**20
 
 # Images in an in-memory image folder. Without a resize, every image is kept at its own size: CIFAR-class data
-# is 32 px, and larger sides belong to the sharded path (issue 9) or to --image-size.
+# is 32 px, and larger sides belong to the sharded path (data/shards.py) or to --image-size.
 MAX_IMAGE_SIDE_PX = 1024
 # One source image may be decoded up to this many pixels before it is resized (a 48-megapixel photo; Pillow's
 # own warning starts at 89 Mpx). Its header is checked before any pixel is decoded.
@@ -53,7 +53,7 @@ MAX_IDX_DIMS = 4  # MNIST-family files have 1 (labels) or 3 (images) dimensions
 _DEFAULT_MAX_DATASET_BYTES = 16 * 2**30  # 16 GiB of uint8 pixels: ImageNet-64x64 is 15 GB; larger is not in-memory data
 
 
-def _available_memory_bytes() -> int | None:
+def available_memory_bytes() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), else physical memory, else None (unknown)."""
     try:
         with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
@@ -84,7 +84,7 @@ def max_dataset_bytes() -> int:
         if value < 1:
             raise ValueError(f"SPEEDRUN_MAX_DATA_BYTES={text!r} must be >= 1; set it to a byte count or unset it")
         return value
-    available = _available_memory_bytes()
+    available = available_memory_bytes()
     return _DEFAULT_MAX_DATASET_BYTES if available is None else min(_DEFAULT_MAX_DATASET_BYTES, available // 4)
 
 
@@ -113,7 +113,7 @@ def check_dataset_bytes(nbytes: int, what: str) -> None:
 def check_memory(nbytes: int, what: str, fix: str) -> None:
     """Refuse, before allocating, `nbytes` that cannot fit in the memory available now (e.g. a network a typo made
     huge): on Linux an allocation that does not fit ends in the kernel's OOM killer, with no message at all."""
-    available = _available_memory_bytes()
+    available = available_memory_bytes()
     if available is not None and nbytes > available:
         raise ValueError(f"{what} would take {_size_text(nbytes)} of memory, more than the {_size_text(available)} "
                          f"available; {fix}")

@@ -1,4 +1,4 @@
-"""`speedrun data prepare` (issue 9), the source side: an image tree's files listed, and each one as the bytes a
+"""`speedrun data prepare`, the source side: an image tree's files listed, and each one as the bytes a
 shard holds, in worker processes. data/prepare_tree.py writes them (shards, manifest, what is up to date).
 
 ImageNet's files are not all what their names say: a few are CMYK JPEGs, some grayscale, one is a PNG named
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import hashlib
 import io
 import multiprocessing as mp
@@ -194,8 +195,6 @@ def _die_with_parent() -> None:
     writing end they hold themselves, so after a SIGKILL of the command they would live on, holding its files (and
     the DST lock, were they forked under it). Linux: the kernel sends SIGKILL when the parent dies."""
     with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if _pool_parent and os.getppid() != _pool_parent:  # the parent died before prctl took effect (fork only)

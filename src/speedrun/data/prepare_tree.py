@@ -1,4 +1,4 @@
-"""`speedrun data prepare SRC DST` (issue 9): an image tree as shards, and on a second run only what changed.
+"""`speedrun data prepare SRC DST`: an image tree as shards, and on a second run only what changed.
 
 SRC's layout and the labels: data/prepare.py, which lists the files and prepares each image. DST receives:
 
@@ -37,6 +37,7 @@ from speedrun.data import folder, shards
 from speedrun.data.prepare import (DEFAULT_MAX_SIDE_PX, DEFAULT_QUALITY, SPLITS, SourceFile, check_settings,
                                    fingerprint, list_source, prepare_all, worker_pool)
 from speedrun.errors import printable, warn
+from speedrun.records.result_file import write_text
 
 FORMAT, VERSION = "speedrun data prepare", 1
 MANIFEST, CLASSES = "manifest.json", "classes.json"
@@ -126,7 +127,8 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     for split, files in splits.items():
         listed, report = fingerprint(files), SplitReport(split, len(files), ignored[split])
         entry = old["splits"].get(split) if same else None
-        if entry is not None and entry["fingerprint"] == listed and _whole(dst_dir, split, entry["written"], len(classes)):
+        if entry is not None and entry["fingerprint"] == listed \
+                and _whole(dst_dir, split, entry["written"], len(classes)):
             report.up_to_date, entries[split] = True, entry
             report.written, report.skipped_before, report.shards = entry["written"], entry["skipped"], entry["shards"]
         else:
@@ -178,21 +180,14 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     return Report(printable(str(dst)), classes, reports)
 
 
-def prepare_command(args) -> int:
-    """`speedrun data prepare`: prepare_tree with the command's flags, progress and the report on stdout."""
-    report = prepare_tree(args.src, args.dst, max_side_px=args.max_side_px, quality=args.quality,
-                          workers=args.workers, on_error=args.on_error, log=lambda line: print(line, flush=True))
-    print("\n".join(report.lines()), flush=True)
-    return 0
-
-
 def _paths(src: str | os.PathLike, dst: str | os.PathLike) -> tuple[Path, Path]:
     """Both folders resolved (symlinks followed, so a DST that links into SRC is seen), SRC checked."""
     shown_src, shown_dst = printable(str(src)), printable(str(dst))
     try:
         src_dir, dst_dir = Path(src).resolve(), Path(dst).resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError after
-        raise ValueError(f"cannot resolve {shown_src} or {shown_dst} ({folder.refusal_reason(e)}); fix the link") from None
+        raise ValueError(f"cannot resolve {shown_src} or {shown_dst} ({folder.refusal_reason(e)}); "
+                         "fix the link") from None
     if not src_dir.is_dir():
         what = "is not a folder" if src_dir.exists() else "does not exist"
         raise ValueError(f"SRC {shown_src} {what}; give the folder that holds train/ (and val/ or test/) or the "
@@ -266,8 +261,8 @@ def _check_targets(dst: Path, names: list[str]) -> None:
         except FileNotFoundError:
             continue
         except OSError as e:
-            raise ValueError(f"cannot check {printable(str(path))} ({folder.refusal_reason(e)}); fix it or choose another "
-                             "DST") from None
+            raise ValueError(f"cannot check {printable(str(path))} ({folder.refusal_reason(e)}); "
+                             "fix it or choose another DST") from None
         if stat.S_ISDIR(mode):
             raise ValueError(f"{printable(str(path))} is a folder, and speedrun data prepare writes its {name} "
                              "there; move it out of DST (or choose another DST)")
@@ -362,6 +357,4 @@ def _write_json(path: Path, value: dict) -> None:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from speedrun.records.result_file import write_text  # deferred: it imports torch (a second), which preparing never needs
-
     write_text(path, data.decode("utf-8"))

@@ -1,4 +1,4 @@
-"""The input path for datasets that do not fit in memory (issue 9): prepared shards (data/shards.py) decoded by
+"""The input path for datasets that do not fit in memory: prepared shards (data/shards.py) decoded by
 DataLoader worker processes, random-resized crop and flip on the device.
 
 The division of work is FFCV's lesson ("ImageNet in 18 minutes" and FFCV both found the input path, not the GPU,
@@ -164,8 +164,8 @@ def device_decoder(choice: str, device: torch.device) -> tuple[Callable | None, 
     Pillow in the CPU workers; with a note when "auto" on a CUDA device falls back to Pillow.
 
     nvjpeg is TorchCodec's decode_jpeg on a list of JPEGs (one nvJPEG batch call; TorchCodec >= 0.16, the `[gpu]`
-    extra). torchvision's decoders, the older route, are deprecated since 0.29 and the core must not need
-    torchvision. Not yet run on a GPU by this project (BENCHMARKS.md)."""
+    extra), not torchvision's decoders: they are deprecated since torchvision 0.29, and the core must not need
+    torchvision."""
     if choice not in ("auto", "pillow", "nvjpeg"):
         raise ValueError(f"decoder must be auto, pillow or nvjpeg, got {choice!r}")
     if choice == "pillow" or (choice == "auto" and device.type != "cuda"):

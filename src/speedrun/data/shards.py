@@ -1,4 +1,4 @@
-"""Shards of prepared images (issue 9): POSIX tar files, WebDataset's layout, plus an index of byte offsets.
+"""Shards of prepared images: POSIX tar files, WebDataset's layout, plus an index of byte offsets.
 
 Why this format (BENCHMARKS.md, "shard formats"): a tar shard is what WebDataset reads and any tool opens
 (`tar tf`), and it needs no package that pulls torchvision (LitData's does); but a tar has no index, so reading

@@ -156,7 +156,7 @@ def _decode(node: Any, tensors: list[torch.Tensor], depth: int) -> Any:
     raise _Unusable("its skeleton holds an entry of unknown form")
 
 
-def _digest(skeleton: str, meta: str, tensors: list[torch.Tensor]) -> str:
+def checkpoint_digest(skeleton: str, meta: str, tensors: list[torch.Tensor]) -> str:
     """SHA-256 over the format, skeleton, meta, each tensor's dtype and shape (which fix where one tensor's bytes end
     and the next begin), then every tensor's bytes in key order. safetensors itself checks no checksum."""
     specs = [[str(t.dtype), list(t.shape)] for t in tensors]
@@ -177,7 +177,7 @@ def save_checkpoint(directory: str | Path, run: int, step: int, state: dict, met
     skeleton = json.dumps(_encode(state, tensors, "", 0), allow_nan=False, separators=(",", ":"))
     meta_text = json.dumps(meta, separators=(",", ":"))  # the caller's own dict: a TypeError here is our bug
     metadata = {"format": CHECKPOINT_FORMAT, "version": str(CHECKPOINT_VERSION), "skeleton": skeleton,
-                "meta": meta_text, "sha256": _digest(skeleton, meta_text, tensors)}
+                "meta": meta_text, "sha256": checkpoint_digest(skeleton, meta_text, tensors)}
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"checkpoint directory {printable(str(directory))} is a file; give a directory with "
                          "--checkpoint-dir, or move the file away")
@@ -260,7 +260,7 @@ def _read(path: Path, shown: str) -> tuple[dict, dict]:
     skeleton, meta_text, digest = (metadata.get(k) for k in ("skeleton", "meta", "sha256"))
     if not (isinstance(skeleton, str) and isinstance(meta_text, str) and isinstance(digest, str)):
         raise _Unusable("its metadata lacks the skeleton, meta or sha256")
-    if _digest(skeleton, meta_text, tensors) != digest:
+    if checkpoint_digest(skeleton, meta_text, tensors) != digest:
         raise _Unusable("checksum mismatch: the file is corrupt")
     try:
         # The C JSON parser raises RecursionError, not a crash, on deep nesting; _decode bounds the rest.

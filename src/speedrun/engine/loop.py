@@ -8,14 +8,16 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from speedrun import dist
 from speedrun.data.loader import normalize
-from speedrun.engine.system import synchronize
+from speedrun.engine.system import rng_state, set_rng_state, synchronize
 from speedrun.errors import Terminated
 from speedrun.tricks.tta import tta_logits
 
@@ -128,13 +130,13 @@ def signals_handled_by(handler):
             signal.signal(s, signal.SIG_DFL if old is None else old)  # None: a handler set outside Python
 
 
-@contextlib.contextmanager
 def signals_held():
     """A Ctrl-C or SIGTERM during the block does not interrupt it; the command is stopping already, so it changes
-    nothing after it either (engine.signals_handled_by; off the main thread this does nothing)."""
+    nothing after it either (signals_handled_by; off the main thread this does nothing)."""
     return signals_handled_by(lambda signum, frame: None)
 
 
+@contextlib.contextmanager
 def stop_at_step_end():
     """Inside the block, SIGINT and SIGTERM do not interrupt: they are recorded in the yielded StopRequest, and the
     loop stops after its current step, with a consistent state to checkpoint (an exception mid-step would leave the
@@ -217,6 +219,87 @@ class FiniteLossGuard:
             self._pending = None
             event.synchronize()
             self._raise_if_bad(step, slot[0].item(), lr)
+
+
+@dataclass(kw_only=True)
+class LoopState:
+    """The bookkeeping every family's TrainState carries besides its model and optimizers (torchtitan's TrainState,
+    nanoGPT's checkpoint dict): what a resumed run restores and the loop would otherwise keep in local variables.
+    A family's TrainState inherits it and adds its own parts to state_dict / load_state_dict."""
+
+    step: int = 0  # optimizer steps taken; a family's loader needs only this to continue
+    seconds: float = 0.0  # timed seconds so far
+    epochs_done: int = 0  # whole epochs in the per-epoch table
+    history: list[dict] = field(default_factory=list)
+    last_batch: dict | None = None  # the final row's train loss/accuracy, when the last step was checkpointed
+
+    def loop_state(self) -> dict[str, Any]:
+        return {"step": self.step, "seconds": self.seconds, "epochs_done": self.epochs_done,
+                "history": self.history, "last_batch": self.last_batch, "rng": rng_state()}
+
+    def load_loop_state(self, state: dict[str, Any], total_steps: int) -> None:
+        """Restore the bookkeeping from a checkpoint's state. A checkpoint is a file from elsewhere: its checksum
+        proves it whole, not well-formed, so each value is checked against this run (ValueError; the caller's
+        checkpoint.restoring() turns it into one line naming the file)."""
+        step, seconds, done, history = (state[k] for k in ("step", "seconds", "epochs_done", "history"))
+        last = state.get("last_batch")  # absent in a checkpoint of an imagenet run that did not keep it
+        # epochs_done may exceed step: a step of a batch larger than the data spans several epochs
+        if not (type(step) is int and 0 <= step <= total_steps and type(done) is int and done >= 0
+                and isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
+                and isinstance(history, list) and all(isinstance(row, dict) for row in history)
+                and isinstance(last, (dict, type(None)))):
+            raise ValueError("step, timed seconds or history out of range")
+        self.step, self.seconds, self.epochs_done, self.history, self.last_batch = (
+            step, seconds, done, list(history), last)
+        set_rng_state(state["rng"])
+
+
+class Steps:
+    """What follows every optimizer step in every family's loop: the progress callback, a row of the per-epoch
+    table at each whole epoch, a checkpoint when one is due or a signal asked to stop, the timer paused around
+    both (the table's evaluation and checkpoint writes are not part of the timed region), and the final row.
+
+    A row comes from the family: batch_row(seconds) is the last global batch's numbers (every process must call it
+    alike: it sums over processes), table_row(seconds) the row shown at an epoch's end (batch_row plus what the
+    family adds: a per-epoch evaluation, the resolution)."""
+
+    def __init__(self, timer: Timer, total_steps: int, *, checkpoints=None,
+                 on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None):
+        self.timer, self.total_steps, self.checkpoints = timer, total_steps, checkpoints
+        self.on_step, self.on_epoch = on_step, on_epoch
+
+    def after(self, state: LoopState, epoch: float, stopping: bool, *, batch_row: Callable[[float], dict],
+              table_row: Callable[[float], dict] | None = None) -> None:
+        """After step `state.step` (already counted), at `epoch` epochs of data; stopping: a signal arrived."""
+        if self.on_step is not None:
+            self.on_step(state.step, self.total_steps)
+        at_row = int(epoch) > state.epochs_done and state.step < self.total_steps
+        saving = self.checkpoints is not None and (stopping or self.checkpoints.due(state.step, self.total_steps))
+        if not (at_row or saving):
+            return
+        self.timer.stop()
+        if at_row:
+            state.epochs_done = int(epoch)
+            row = (table_row or batch_row)(self.timer.seconds)
+            state.history.append(row)
+            if self.on_epoch is not None:
+                self.on_epoch(row)
+        if saving:
+            state.seconds = self.timer.seconds
+            if state.step == self.total_steps:  # a run resumed from here takes only its final evaluation
+                state.last_batch = batch_row(0.0)
+            self.checkpoints.save(state.step, state.state_dict())
+        self.timer.start()
+
+    def final(self, state: LoopState, accuracy: float, train_seconds: float, batch_row: Callable[[float], dict]
+              ) -> None:
+        """The last row: the last batch's numbers (kept at the last step's checkpoint, else computed now, outside
+        the timed region) with the final accuracy and the timed seconds."""
+        row = dict(state.last_batch or batch_row(0.0))
+        row["val_acc"], row["train_seconds"] = accuracy, train_seconds
+        state.history.append(row)
+        if self.on_epoch is not None:
+            self.on_epoch(row)
 
 
 @torch.no_grad()

@@ -12,51 +12,21 @@ row is the recipe itself.
 `--to-target` asks how long each variant (the baseline and each trick off alone, as above) needs to train to reach
 the recipe's target accuracy: a bounded search over epochs per variant, all variants in lockstep (to_target.py).
 
-"Already off" is judged on the device that runs: `precision=auto` is fp32 on a CPU, so switching bf16 off there
-would train the baseline again under another name (three wasted runs per row on this machine's CPU).
+The variants (which tricks are on, which already off on the device that runs) are variants.py's, shared with
+to_target.py.
 """
 
 from __future__ import annotations
 
-import sys
-
-
-def effective(key: str, value, device, base):
-    """What a switch's value means on `device` in `base`'s family: the shared "auto" settings resolved as the run
-    resolves them (engine.setup_system: precision=auto is fp32 on a CPU; channels_last=auto is off on a CPU for
-    a family that says so)."""
-    import dataclasses
-
-    from speedrun.engine.system import setup_system
-
-    if key in ("precision", "channels_last"):
-        system = setup_system(dataclasses.replace(base, **{key: value}), device)
-        return system.dtype if key == "precision" else system.channels_last
-    return value
-
-
-def off_text(off) -> str:
-    """A TRICKS "off" value as --set and --vary take it (False -> "false")."""
-    return str(off).lower() if isinstance(off, bool) else str(off)
-
-
-Trick = tuple[str, object, str]  # (config key, its "off" value, what it is): a family's TRICKS entry
-
-
-def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:
-    """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`."""
-    def is_off(key: str, off) -> bool:
-        return effective(key, getattr(base, key), dev, base) == effective(key, off, dev, base)
-
-    return [t for t in tricks if not is_off(t[0], t[1])], [t for t in tricks if is_off(t[0], t[1])]
+from speedrun.engine.system import resolve_device
+from speedrun.instruments import bench as benching
+from speedrun.instruments.variants import off_text, split_tricks
+from speedrun.records.stats import mean_diff_test
+from speedrun.run import runner as runner
 
 
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution."""
-    from speedrun.instruments import bench as benching
-    from speedrun.run import runner as runner
-    from speedrun.engine.system import resolve_device
-
     rec = runner.get_recipe(recipe)
     family = rec.module()
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
@@ -85,11 +55,6 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
 
 def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
     """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
-    from speedrun.instruments import bench as benching
-    from speedrun.run import runner as runner
-    from speedrun.engine.system import resolve_device
-    from speedrun.records.stats import mean_diff_test
-
     rec = runner.get_recipe(recipe)
     family = rec.module()
     offs = {key: off for key, off, _ in family.TRICKS}
@@ -126,70 +91,3 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
         previous = done
     report["waterfall"] = rows
     return report
-
-
-def _waterfall_lines(report: dict) -> list[str]:
-    from speedrun.instruments.bench import interval_text, mean_std
-
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
-             f"{report['runs']} interleaved round(s) per row",
-             f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
-    for row in report["waterfall"]:
-        b = row["bought"]
-        if b is None:
-            gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
-        else:
-            d = b["accuracy"]
-            gain, p = interval_text(d["diff"], d["ci95"], 100), f"{d['p']:.3g}"
-        secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
-        lines.append(f"{row['step'][:24]:24} {mean_std(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
-    return lines
-
-
-def _lines(report: dict) -> list[str]:
-    from speedrun.instruments.bench import interval_text
-
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
-             f"{report['runs']} interleaved round(s); gain = baseline - trick off",
-             f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
-    for r in report["tricks"]:
-        if not r["measured"]:
-            gain, p, ratio = "already off", "", ""
-        elif r["gain_accuracy"] is None:
-            gain, p, ratio = "n/a (needs 2+ runs)", "", ""
-        else:
-            gain = interval_text(r["gain_accuracy"], r["gain_ci95"], 100)
-            p = f"{r['p']:.3g}"
-            ratio = "-" if r["time_ratio_off"] is None else f"{r['time_ratio_off']:.3f}"
-        lines.append(f"{r['trick']:20} {str(r['off']):>10} {gain:>30} {p:>8} {ratio:>12}  {r['what']}")
-    return lines
-
-
-def ablate_command(args, argv: list[str]) -> int:
-    from speedrun.instruments.bench import run_and_store
-    from speedrun.config import parse_set_args
-
-    if args.to_target and args.waterfall is not None:
-        raise ValueError("--to-target and --waterfall are two different questions: ask one per command")
-    if args.max_probes is not None and not args.to_target:
-        raise ValueError("--max-probes bounds the --to-target search: add --to-target")
-    if args.to_target:
-        from speedrun.instruments.to_target import to_target_command
-
-        return to_target_command(args, argv)
-    overrides = parse_set_args(args.overrides)
-    order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
-
-    def make(log):
-        common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
-                      data_dir=args.data_dir, overrides=overrides, log=log)
-        return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
-
-    from speedrun.instruments.bench import diverged_exit
-
-    report, path, stored = run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
-    if path is None:  # a torchrun process other than rank 0
-        return diverged_exit(report, quiet=True)
-    print("\n".join(_waterfall_lines(report) if order is not None else _lines(report)))
-    print(f"report: {path} (stored as #{stored})", file=sys.stderr)
-    return diverged_exit(report)

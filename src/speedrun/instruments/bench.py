@@ -12,14 +12,20 @@ result of their own, and the bench itself as a report (`speedrun results`, `spee
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from speedrun.engine.loop import Diverged, RunResult
+from speedrun import dist
+from speedrun.config import check_int, field_types
+from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device
+from speedrun.errors import note_kept
+from speedrun.records import db as db
+from speedrun.records.result_file import (claim_result_path, default_result_path, environment, portable,
+                                          release_result_path, write_json)
 from speedrun.records.stats import mean_diff_test, summarize
-from speedrun.config import check_int
-from speedrun.engine.loop import signals_held
+from speedrun.run import runner as runner
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
@@ -35,6 +41,14 @@ def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> li
             raise ValueError(f"--vary {item!r}: expected KEY=V1,V2,..., e.g. --vary lookahead=false")
         out.append((key.strip(), parts))
     return out
+
+
+def recipe_vary(recipe: str, items: list[str]) -> list[tuple[str, list[str]]]:
+    """parse_vary for `recipe`: its config's tuple-valued keys take ';' between values."""
+    rec = runner.get_recipe(recipe)
+    tuple_keys = frozenset(k for k, t in field_types(type(rec.make_config())).items()
+                           if getattr(t, "__origin__", None) is tuple)
+    return parse_vary(items, tuple_keys)
 
 
 def _stats(runs: list[RunResult]) -> dict:
@@ -86,9 +100,6 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
     waterfall of ablate.py: cumulative configs)."""
-    from speedrun.run import runner as runner
-    from speedrun.records.result_file import environment
-
     rec = runner.get_recipe(recipe)
     family = rec.module()
     runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
@@ -103,16 +114,16 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     base = settings[0][2]
     if len(settings) == 1:
         raise ValueError("every --vary value equals the baseline's; give values that change the config")
-    world = runner.dist.from_env()
-    dev = runner.dist.device_for(world, resolve_device(device))
+    world = dist.from_env()
+    dev = dist.device_for(world, resolve_device(device))
     dataset = rec.default_dataset if dataset is None else dataset
-    world = runner.dist.init(world, dev)  # under torchrun every run is one run of all K processes (runs.train's)
+    world = dist.init(world, dev)  # under torchrun every run is one run of all K processes (runs.train's)
     results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
     order = []
     interrupt, clean = None, False
     try:
-        data = runner.dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
-                                                                     image_size=image_size, log=log))
+        data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
+                                                              image_size=image_size, log=log))
         for _, _, cfg in settings:
             family.check(cfg, data, dev, world)
         warmups = {name: family.warmup(cfg, data, dev, world) for name, _, cfg in settings}
@@ -128,7 +139,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
             interrupt = e
         clean = interrupt is None or getattr(interrupt, "in_step", False)
     finally:
-        runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
+        dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
     env, stop = environment(dev), stopped_by(interrupt)
     base_name = settings[0][0]
     base_runs = results[base_name]
@@ -152,70 +163,27 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     return report
 
 
-def _lines(report: dict) -> list[str]:
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
-             "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
-             f"{'setting':28} {'n':>3} {'div':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} "
-             f"{'p':>8} {'time ratio':>22}"]
-    for s in report["settings"]:
-        v = s["versus_baseline"]
-        acc, secs = (v or {}).get("accuracy"), (v or {}).get("train_seconds")
-        dacc = ("-" if s["name"] == "baseline" else "n/a" if acc is None
-                else interval_text(acc["diff"], acc["ci95"], 100))
-        p = "-" if acc is None else f"{acc['p']:.3g}"
-        ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else ratio_text(secs)
-        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} "
-                     f"{mean_std(s['train_seconds']):>14} "
-                     f"{dacc:>24} {p:>8} {ratio:>22}")
-    return lines
-
-
-def mean_std(summary: dict | None, scale: float = 1.0) -> str:
-    """"66.73 ± 0.74" from a stats.Summary dict ("n/a" without runs; no ± for one run)."""
-    if summary is None:
-        return "n/a"
-    return f"{summary['mean'] * scale:.2f}" + (f" ± {summary['std'] * scale:.2f}" if summary["std"] is not None
-                                               else "")
-
-
-def interval_text(value: float, interval: list[float], scale: float = 1.0) -> str:
-    """"+0.35 (-1.40 .. +2.11)": a signed difference and its 95% interval, times `scale` (100: points)."""
-    low, high = interval
-    return f"{value * scale:+.2f} ({low * scale:+.2f} .. {high * scale:+.2f})"
-
-
-def ratio_text(test: dict) -> str:
-    """"0.812 (0.802 .. 0.822)": stats.mean_diff_test's ratio and its 95% interval."""
-    low, high = test["ratio_ci95"]
-    return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"
-
-
-def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | None, int | None]:
-    """What `bench` and `ablate` share: the database opened and the report file claimed first (a bad --db or an
-    existing --json fails before any training), then `make(log)` trains and returns the report; every setting's
-    result and the report are stored, and the report written. Returns (report, path, stored id).
+def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, recipe: str, dataset: str | None,
+                  device: str, db_path: str | None, json_path: str | None, command: str,
+                  log: Callable[[str], None]) -> tuple[dict, Path | None, int | None]:
+    """What `bench`, `ablate` and `ablate --to-target` share: the database opened and the report file claimed
+    first (a bad db_path or an existing json_path fails before any training; no json_path: a new file under
+    results/ named after `kind`, the recipe and the dataset), then `make(log)` trains and returns the report; every
+    setting's result and the report are stored with `command`, and the report written. Returns (report, path,
+    stored id).
 
     Under torchrun every process trains (make) and rank 0 alone logs, stores and writes; the others return
-    (report, None, None) and print nothing."""
-    import sys
-
-    from speedrun import dist
-    from speedrun.records import db as db
-    from speedrun.run import runner as runs
-    from speedrun.errors import note_kept
-    from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
-        write_json)
-
+    (report, None, None) and log nothing."""
     world = dist.from_env()
     # The group is joined now (bench and to_target find it joined), so that rank 0's opening of the database and
     # claiming of the report file can end every process at once when it fails (dist.main_first).
-    world = dist.init(world, dist.device_for(world, resolve_device(args.device)))
+    world = dist.init(world, dist.device_for(world, resolve_device(device)))
 
     def claim():
-        conn = db.connect(args.db)
+        conn = db.connect(db_path)
         try:
-            return conn, (claim_result_path(args.json) if args.json else
-                          default_result_path(f"{kind}-{args.recipe}", args.dataset or "default"))
+            return conn, (claim_result_path(json_path) if json_path else
+                          default_result_path(f"{kind}-{recipe}", dataset or "default"))
         except BaseException:
             conn.close()
             raise
@@ -234,9 +202,9 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
     conn, path = claimed
     written = False
     try:
-        report = make(lambda line: print(line, file=sys.stderr))
+        report = make(log)
         interrupt = report.pop("_interrupt", None)
-        report["command"] = dist.command_line(argv)
+        report["command"] = command
         with signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)
             for result in report["results"]:
@@ -254,38 +222,3 @@ def run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | 
             release_result_path(Path(path))
         dist.shutdown(world, False)  # make() left the group already when it got that far (then this does nothing)
     return report, path, stored
-
-
-def bench_command(args, argv: list[str]) -> int:
-    import sys
-
-    from speedrun.config import parse_set_args
-
-    from speedrun import config
-    from speedrun.run import runner as runner
-
-    rec = runner.get_recipe(args.recipe)
-    tuple_keys = frozenset(k for k, t in config.field_types(type(rec.make_config())).items()
-                           if getattr(t, "__origin__", None) is tuple)
-    vary, overrides = parse_vary(args.vary, tuple_keys), parse_set_args(args.overrides)
-    report, path, stored = run_and_store(args, argv, "bench", lambda log: bench(
-        args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
-        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
-    if path is None:  # a torchrun process other than rank 0
-        return diverged_exit(report, quiet=True)
-    print("\n".join(_lines(report)))
-    print(f"report: {path} (stored as #{stored}); order: "
-          + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
-          file=sys.stderr)
-    return diverged_exit(report)
-
-
-def diverged_exit(report: dict, quiet: bool = False) -> int:
-    """3 when a run diverged (as `speedrun train`), each setting's count on stderr unless quiet; else 0."""
-    import sys
-
-    bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
-    for name, count in [] if quiet else bad:
-        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics",
-              file=sys.stderr)
-    return 3 if bad else 0

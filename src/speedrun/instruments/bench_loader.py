@@ -19,7 +19,6 @@ recorded, and so is the load average before and after.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,9 +27,14 @@ import numpy as np
 import torch
 from PIL import Image
 
+from speedrun.data import folder
+from speedrun.data.prepare import list_source
+from speedrun.data.shard_loader import ShardLoader, device_decoder, random_resized_boxes
+from speedrun.data.shards import Shards
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
 from speedrun.errors import printable
+from speedrun.records.result_file import device_label, environment
 from speedrun.records.stats import mean_diff_test, summarize
 
 TIMED_REGION = ("from asking the iterator for a batch to holding it on the device cropped, resized, flipped and "
@@ -81,8 +85,6 @@ def find_split(root: Path, split: str | None) -> str:
 def baseline_files(src: Path, split: str) -> tuple[list[str], list[int]]:
     """The original images of `split` under SRC (a train/val/test tree or class folders: data/prepare.py's
     layouts), or of its only split; (paths, labels)."""
-    from speedrun.data.prepare import list_source
-
     if not src.is_dir():
         raise ValueError(f"--baseline {printable(str(src))} is not a folder; give the original images' folder")
     _, splits, _ = list_source(src)
@@ -103,9 +105,6 @@ class PlainImages(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from speedrun.data import folder
-        from speedrun.data.shard_loader import random_resized_boxes
-
         # The original files are from elsewhere: opened as data/prepare.py opens them (JPEG or PNG, a regular
         # file, the header's size checked before a pixel is decoded), each failure one ValueError naming the file.
         # A stat and a header check: nothing next to a decode.
@@ -144,8 +143,6 @@ def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, 
                 decode_px: int, device: torch.device, seed: int,
                 device_decode=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """ShardLoader's batches, `steps` of them over the split's `images` (counted once by the caller)."""
-    from speedrun.data.shard_loader import ShardLoader
-
     loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / images,
                          device=device, mean=MEAN, std=STD, res_at=lambda step: res, decode_px=decode_px,
                          workers=workers, seed=seed, device_decode=device_decode)
@@ -154,8 +151,6 @@ def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, 
 
 
 def _count(root: Path, split: str) -> int:
-    from speedrun.data.shards import Shards
-
     with Shards(root, split) as shards:
         if len(shards) == 0:
             raise ValueError(f"the {printable(split)} split in {printable(str(root))} has no images")
@@ -187,8 +182,6 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
                  seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print) -> dict:
     """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
-    from speedrun.records.result_file import environment
-
     root_path = Path(root)
     split = find_split(root_path, split)
     n = _count(root_path, split)
@@ -196,8 +189,6 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                                    ("--runs", runs, 1, 1000), ("--decode-px", decode_px, 8, 1024)):
         _check(name, value, low, high)
     dev = resolve_device(device)
-    from speedrun.data.shard_loader import device_decoder
-
     on_device, note = device_decoder(decoder, dev)  # nvJPEG through TorchCodec on CUDA, else the Pillow workers
     if note:
         log(f"note: {note}")
@@ -240,11 +231,13 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     return report
 
 
-def _rate(summary: dict) -> str:
+def rate_text(summary: dict) -> str:
+    """"1234 ± 56" images/s from a Summary dict (no ± for one run)."""
     return f"{summary['mean']:.0f}" + (f" ± {summary['std']:.0f}" if summary["std"] is not None else "")
 
 
-def _ratio(v: dict | None) -> str:
+def versus_text(v: dict | None) -> str:
+    """Ours against the baseline: "1.85 (1.70 .. 2.00), p = 0.0012", "1.85" for one run, "-" without one."""
     if v is None:
         return "-"
     if v["ratio_ci95"] is None:
@@ -261,8 +254,6 @@ def _by_setting(report: dict) -> list[tuple[dict, dict | None]]:
 
 def markdown(report: dict) -> str:
     """BENCHMARKS.md's table (benchmarks/table.py): per (workers, px) ours and the baseline, and the ratio."""
-    from speedrun.records.result_file import device_label
-
     env, load = report["environment"], report["load_average"]
     lines = ["| date | device | workers | px | n | ours img/s (mean ± std) | baseline img/s (mean ± std) | "
              "ours / baseline (95% CI), Welch p | start-up s, ours / baseline |",
@@ -270,39 +261,10 @@ def markdown(report: dict) -> str:
     for ours, base in _by_setting(report):
         startup = f"{np.mean(ours['startup_s']):.2f}" + (f" / {np.mean(base['startup_s']):.2f}" if base else "")
         lines.append(f"| {env['timestamp_utc'][:10]} | {device_label(env)} | {ours['workers']} | {ours['res']} | "
-                     f"{ours['n']} | {_rate(ours['summary'])} | {_rate(base['summary']) if base else '-'} | "
-                     f"{_ratio(ours['versus_baseline'])} | {startup} |")
+                     f"{ours['n']} | {rate_text(ours['summary'])} | {rate_text(base['summary']) if base else '-'} | "
+                     f"{versus_text(ours['versus_baseline'])} | {startup} |")
     lines += ["", f"`{report['command']}`: {report['images']:,} images ({report['split']}), batch {report['batch']}, "
               f"{report['batches']} timed batches per measurement, decode_px "
               f"{report['decode_px']}, {report['runs']} interleaved rounds; load average (1 min) "
               f"{load['before'][0]:.2f} before, {load['after'][0]:.2f} after. Timed: {report['timed_region']}."]
     return "\n".join(lines)
-
-
-def bench_loader_command(args, argv: list[str] | None = None) -> int:
-    from speedrun.records.result_file import claim_result_path, release_result_path, write_json
-
-    workers = int_list(args.workers, "--workers", 0, 64)
-    res = int_list(args.res, "--res", 8, 1024)
-    path = claim_result_path(args.json) if args.json else None  # an existing file fails before any measuring
-    written = False
-    try:
-        report = bench_loader(args.dir, split=args.split, workers=workers, res=res, batch=args.batch,
-                              batches=args.batches, runs=args.runs, decode_px=args.decode_px, device=args.device,
-                              baseline=args.baseline, decoder=args.decoder,
-                              log=lambda line: print(line, file=sys.stderr))
-        report["command"] = " ".join(["speedrun", *(sys.argv[1:] if argv is None else argv)])
-        if path is not None:
-            write_json(path, report)
-            written = True
-    finally:
-        if path is not None and not written:
-            release_result_path(path)
-    print(f"{printable(args.dir)} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
-          f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
-    print(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
-    for s in report["settings"]:
-        print(f"{s['pipeline']:9} {s['workers']:>7} {s['res']:>5} {s['n']:>3} {_rate(s['summary']):>14} "
-              f"{np.mean(s['startup_s']):>10.2f}  {_ratio(s['versus_baseline'])}")
-    print(f"timed: {TIMED_REGION}" + (f"; report: {path}" if path else ""), file=sys.stderr)
-    return 0

@@ -11,24 +11,22 @@ test) are named above the table. The comparison is stored in the results databas
 from __future__ import annotations
 
 import contextlib
-import json
 import re
-import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
+from speedrun.records import db as db
 from speedrun.records.stats import mean_diff_test, summarize
 
 METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
 
 
-def _load(ref: str, conn) -> tuple[str, dict]:
+def load_ref(ref: str, conn) -> tuple[str, dict]:
     """(label, result) for an id ("12" or "#12") or a JSON file."""
+    # result_file imports torch: deferred, so that `speedrun compare` and the other file commands load without it
     from speedrun.records.result_file import load_result
 
     if re.fullmatch(r"#?\d{1,18}", ref) and not Path(ref).exists():
-        from speedrun.records import db as db
-
         return f"#{ref.lstrip('#')}", db.get_result(conn, int(ref.lstrip("#")))
     if not Path(ref).is_file():
         raise ValueError(f"{ref!r} is neither a stored result's id (`speedrun results` lists them) nor a result "
@@ -90,35 +88,14 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
             "environment": {"timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}}
 
 
-def _text(report: dict) -> list[str]:
-    from speedrun.instruments.bench import interval_text, mean_std, ratio_text
-
-    def ms(s: dict | None, scale: float) -> str:
-        return "no runs" if s is None else f"{mean_std(s, scale)} (n={s['n']})"
-
-    lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
-    lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")
-    for key, name, scale in METRICS:
-        m, t = report["metrics"][key], report["metrics"][key]["test"]
-        if t is None:
-            diff, p, ratio = "n/a (needs 2+ runs a side)", "n/a", "n/a"
-        else:
-            diff, p, ratio = interval_text(t["diff"], t["ci95"], scale), f"{t['p']:.3g}", ratio_text(t)
-        lines.append(f"{name:11} {ms(m['a'], scale):>24} {ms(m['b'], scale):>24} {diff:>28} {p:>9} {ratio:>24}")
-    return lines
-
-
-def compare_command(args, argv: list[str]) -> int:
-    """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
-    from speedrun.records import db as db
+def compare_stored(a: str, b: str, *, db_path: str | None = None, command: str) -> tuple[dict, int]:
+    """B against baseline A, each a stored result's id or a result JSON (load_ref), and the comparison stored in
+    the results database at `db_path` as a report that records `command`: (the comparison, its id)."""
+    # result_file imports torch: deferred, as in load_ref
     from speedrun.records.result_file import portable
 
-    with contextlib.closing(db.connect(args.db)) as conn:
-        (la, a), (lb, b) = _load(args.a, conn), _load(args.b, conn)
-        report = compare(a, b, (la, lb))
-        stored = db.insert_result(conn, portable({**report, "command": shlex.join(["speedrun", *argv])}))
-    if args.json:
-        print(json.dumps({**report, "id": stored}, indent=2))
-    else:
-        print("\n".join(_text(report)))
-    return 0
+    with contextlib.closing(db.connect(db_path)) as conn:
+        (la, ra), (lb, rb) = load_ref(a, conn), load_ref(b, conn)
+        report = compare(ra, rb, (la, lb))
+        stored = db.insert_result(conn, portable({**report, "command": command}))
+    return report, stored

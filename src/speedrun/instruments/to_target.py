@@ -22,9 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Callable, Generator
 from typing import Any
+
+from speedrun import dist
+from speedrun.config import check_int
+from speedrun.data.loader import steps_for
+from speedrun.engine.system import resolve_device
+from speedrun.instruments.bench import measured_run, stopped_by
+from speedrun.instruments.variants import off_text, split_tricks
+from speedrun.records.result_file import environment
+from speedrun.run import runner as runner
 
 DEFAULT_PROBES = 5
 # Two: the start and one step away from it. Twenty: more would bisect the 64x range [E0 / 16, 4 * E0] below a step.
@@ -86,10 +94,6 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
               device: str = "auto", seed: int = 0, epochs: float | None = None, data_dir=None,
               overrides: dict[str, Any] | None = None, log=print) -> dict:
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
-    from speedrun.run import runner as runner
-    from speedrun.instruments.ablate import off_text, split_tricks
-    from speedrun.engine.system import resolve_device
-
     rec = runner.get_recipe(recipe)
     family = rec.module()
     runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
@@ -97,20 +101,20 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     max_probes = check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
     overrides = dict(overrides or {})
     base = runner.make_config(rec, epochs, overrides)
-    world = runner.dist.from_env()
-    dev = runner.dist.device_for(world, resolve_device(device))
+    world = dist.from_env()
+    dev = dist.device_for(world, resolve_device(device))
     measured, already_off = split_tricks(family.TRICKS, base, dev)
     variants = [("baseline", {})] + [(f"{key}={off_text(off)}", {key: off_text(off)}) for key, off, _ in measured]
     configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
     dataset = rec.default_dataset if dataset is None else dataset
-    world = runner.dist.init(world, dev)  # under torchrun every probe run is one run of all K processes
+    world = dist.init(world, dev)  # under torchrun every probe run is one run of all K processes
     clean = False
     try:
         report = _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs, seed, max_probes,
                          log)
         clean = report["_interrupt"] is None or getattr(report["_interrupt"], "in_step", False)
     finally:
-        runner.dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
+        dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
     report.update({"already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
                    "target_accuracy": base.target_accuracy, "timed_region": family.timed_region(base)})
     return report
@@ -120,13 +124,7 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
             log) -> dict:
     """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
     report (without the already-off tricks, the target and the timed region, which to_target adds)."""
-    from speedrun.run import runner as runner
-    from speedrun.instruments.bench import measured_run, stopped_by
-    from speedrun.data.loader import steps_for
-    from speedrun.records.result_file import environment
-
-    data = runner.dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None,
-                                                                 log=log))
+    data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None, log=log))
     for cfg in configs.values():
         family.check(cfg, data, dev, world)
     n_train = data.num_train
@@ -239,62 +237,3 @@ def _variant_row(name: str, changes: dict, s: dict, probes: list[dict], warmup: 
             "start_epochs": cfg.epochs, "floor_epochs": s["floor"] * cfg.batch_size / n_train,
             "ceiling_epochs": s["ceiling"] * cfg.batch_size / n_train, "search_complete": s["next"] is None,
             "warmup_seconds": warmup, "diverged": sum(p["diverged"] for p in probes), "probes": probes}
-
-
-def _lines(report: dict) -> list[str]:
-    from speedrun.instruments.ablate import off_text
-
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
-             f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
-             f"{report['max_probes']} probes per variant, variants in lockstep",
-             f"{'variant':28} {'epochs needed':>13} {'timed s':>9} {'vs baseline':>11} {'probes':>6}  search"]
-    base = report["variants"][0]["epochs_needed"] if report["variants"] else None
-    for v in report["variants"]:
-        needed = v["epochs_needed"]
-        ratio = ("-" if v["name"] == "baseline" else "n/a" if needed is None or base is None
-                 else f"{needed / base:.3f}")
-        if needed is None:
-            best = "n/a" if v["best_accuracy"] is None else f"{v['best_accuracy'] * 100:.2f}%"
-            up_to = "n/a" if v["searched_up_to_epochs"] is None else f"{v['searched_up_to_epochs']:.4g}"
-            what = f"not reached at <= {up_to} epochs (best {best})"
-        elif v["missed_epochs"] is not None:
-            what = f"in ({v['missed_epochs']:.4g}, {needed:.4g}] epochs" + (
-                ": one step wide" if v["exact"] else "; more --max-probes narrow it")
-        else:
-            what = ("reached at every probe, down to the search's floor" if v["exact"] else
-                    "reached at every probe; more --max-probes go shorter")
-        if not v["search_complete"]:
-            what += "; cut short"
-        secs = "n/a" if v["seconds_needed"] is None else f"{v['seconds_needed']:.2f}"
-        shown = "n/a" if needed is None else f"{needed:.4g}"
-        lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")
-    for off in report["already_off"]:
-        name = f"{off['trick']}={off_text(off['off'])}"
-        lines.append(f"{name:28} already off (recipe, --set or device): not searched")
-    return lines
-
-
-def to_target_command(args, argv: list[str]) -> int:
-    from speedrun.run import runner as runner
-    from speedrun.instruments.bench import run_and_store
-    from speedrun.config import parse_set_args
-
-    overrides = parse_set_args(args.overrides)
-    max_probes = DEFAULT_PROBES if args.max_probes is None else args.max_probes
-    # checked before run_and_store opens the database and claims the report file
-    check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
-    report, path, stored = run_and_store(args, argv, "to-target", lambda log: to_target(
-        args.recipe, runs=args.runs, max_probes=max_probes,
-        dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,
-        overrides=overrides, log=log))
-    bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
-    if path is None:  # a torchrun process other than rank 0
-        return 3 if bad else 0
-    print("\n".join(_lines(report)))
-    print(f"report: {path} (stored as #{stored}); order: "
-          + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
-          + (" ..." if len(report["order"]) > 12 else ""), file=sys.stderr)
-    for name, count in bad:
-        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss",
-              file=sys.stderr)
-    return 3 if bad else 0

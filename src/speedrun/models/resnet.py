@@ -35,7 +35,7 @@ filter (class Blur). The stem is left alone. Where the blur goes, and why:
   same values away from the borders (exactly, borders included, for the 1x1 shortcut convs) while every conv keeps
   its stride-2 cost; Zhang's literal order runs every strided conv at 4x its MACs, +1.97 GMACs (+48%) on
   ResNet-50 at 224 px (+0.58 G, +32%, on ResNet-18). tests/test_resnet.py checks the equivalence. The same order
-  is FFCV's (ffcv-imagenet's train_imagenet.py, where REFERENCES.md's BlurPool gain was measured) and the default
+  is FFCV's (libffcv/ffcv-imagenet, train_imagenet.py) and the default
   of Composer's BlurPool (blur_first=True).
 - Every blur reads a post-ReLU tensor (the block's input, or a bottleneck's conv1 output), so it low-passes after
   the nonlinearity, as Zhang does.
@@ -213,8 +213,8 @@ _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.G
 def norm_and_bias_params(model: nn.Module) -> list[nn.Parameter]:
     """Every normalization layer's parameters and every other module's `bias`, each once, in module order.
 
-    These are the parameters fast ImageNet recipes exempt from weight decay (FFCV's configs and imagenet18, see
-    REFERENCES.md; Jia et al. 2018, arXiv 1807.11205). Works on any model, including one whose BatchNorms
+    These are the parameters fast ImageNet recipes exempt from weight decay (FFCV's configs, libffcv/ffcv-imagenet;
+    cybertronai/imagenet18; Jia et al. 2018, arXiv 1807.11205). Works on any model, including one whose BatchNorms
     dist.py has converted to SyncBatchNorm; frozen parameters are included, callers filter on requires_grad.
     """
     seen: set[int] = set()

@@ -6,13 +6,11 @@ Writers lock first (BEGIN IMMEDIATE, WAL mode) and wait up to BUSY_TIMEOUT_S; PR
 from __future__ import annotations
 
 import contextlib
-import csv
 import functools
 import hashlib
 import json
 import os
 import sqlite3
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -313,7 +311,8 @@ def get_result(conn: sqlite3.Connection, id: int) -> dict:
 def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
     """Store each result file; a bad file gets id None and an error, and the others are stored all the same.
     new: False for a file stored before (as #id)."""
-    from speedrun.records.result_file import load_result  # imports torch: deferred, so connecting and querying stay light
+    # result_file imports torch: deferred, so that connecting and querying stay light
+    from speedrun.records.result_file import load_result
 
     done = []
     for path in map(Path, paths):
@@ -323,49 +322,3 @@ def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
         except (ValueError, OSError, RecursionError, sqlite3.Error) as e:  # OSError: in the system's words
             done.append(Imported(path, None, (getattr(e, "strerror", 0) or str(e)).removeprefix(f"{path}: "), False))
     return done
-
-
-def _num(value, scale=1.0, std=None, digits=2) -> str:
-    return "-" if value is None else f"{scale * value:.{digits}f}" + (f" ± {scale * std:.2f}" if std else "")
-
-
-def _table(rows: list[dict]) -> list[str]:
-    table = [["ID", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HIT", "COST $", "COMMIT"]]
-    for r in rows:
-        commit = "-" if r["git_commit"] is None else r["git_commit"][:8] + ("+" if r["git_dirty"] else "")
-        table.append([printable(cell) for cell in (  # a newline in a stored name must not break the row
-            str(r["id"]), r["date"][:16].replace("T", " "), r["recipe"], r["dataset"], r["device_name"] or r["device"],
-            str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]), _num(r["mean_seconds"], 1, r["std_seconds"]),
-            _num(r["hit_rate"]), _num(r["cost"], digits=4), commit)])
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
-
-
-def results_command(args) -> int:
-    """`speedrun results`: args has recipe, dataset, device, since, until, command_text, limit, json, csv, db."""
-    if args.json and args.csv:
-        raise ValueError("--json and --csv are exclusive; choose one")
-    with contextlib.closing(connect(args.db)) as conn:
-        rows = query(conn, recipe=args.recipe, dataset=args.dataset, device=args.device, since=args.since,
-                     until=args.until, command=args.command_text, limit=args.limit)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    elif args.csv:
-        csv.writer(sys.stdout, lineterminator="\n").writerows([COLUMNS] + [list(r.values()) for r in rows])
-    else:
-        print("\n".join(_table(rows)) if rows else "no stored result matches; `speedrun results import FILE` adds some",
-              file=sys.stdout if rows else sys.stderr)
-    return 0
-
-
-def import_command(args) -> int:
-    """`speedrun results import FILE... [--db PATH]`: args has files and db. Exit 2 if any file failed."""
-    with contextlib.closing(connect(args.db)) as conn:
-        done = import_files(conn, args.files)
-    for name, new_id, error, new in ((printable(str(entry.path)), *entry[1:]) for entry in done):
-        if error:  # on stderr, the command's error line, with what to do
-            sys.stderr.write(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result "
-                             "JSON file of speedrun train or a benchmark script)\n")
-        else:
-            print(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
-    return 2 if any(entry.error for entry in done) else 0

@@ -1,6 +1,6 @@
 """The results database: one self-describing JSON file per run, written atomically, never overwritten.
 
-A result records where it came from (STYLE.md habit 6): git commit and dirty flag, device and driver, torch/CUDA
+A result records where it came from: git commit and dirty flag, device and driver, torch/CUDA
 versions, then the config and metrics the caller adds. Tables and README records are generated from these files.
 """
 
@@ -36,7 +36,7 @@ def _run(args: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _git_state(directory: Path) -> tuple[str | None, bool | None]:
+def git_state(directory: Path) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git work tree holding `directory`, or (None, None) outside one."""
     # An installed copy (pip install .) has no history of its own, but git would walk up from site-packages and
     # report whatever repository encloses the virtualenv, e.g. the user's project: that commit is not ours.
@@ -92,7 +92,7 @@ def _speedrun_version() -> str:
 def environment(device: torch.device | str) -> dict:
     """Facts that make a result reproducible and comparable. Never raises for a missing git or nvidia-smi."""
     device = torch.device(device)
-    commit, dirty = _git_state(Path(__file__).resolve().parent)
+    commit, dirty = git_state(Path(__file__).resolve().parent)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "python": platform.python_version(),

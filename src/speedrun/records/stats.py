@@ -1,6 +1,7 @@
-"""The statistics a speed claim needs: summaries with t-intervals, Welch's test, ratio and difference CIs.
+"""The statistics a speed claim needs: summaries with t-intervals, Welch's test, ratio and difference CIs, and
+their text forms in tables (mean_std, interval_text, ratio_text).
 
-The Student-t distribution comes from scipy.stats (issue 8: a library that is kept up, not hand-written special
+The Student-t distribution comes from scipy.stats (a library that is kept up, not hand-written special
 functions); it takes fractional degrees of freedom, as Welch's test needs. What stays here is what scipy does not
 decide for us: input checks whose messages say the fix, moments summed with math.fsum, the conventions for n = 1
 and for zero variance, and the delta-method interval of a ratio of means.
@@ -174,3 +175,23 @@ def mean_diff_test(a: Sequence[float], b: Sequence[float]) -> dict:
     ratio, ratio_low, ratio_high = ratio_ci95(a, b)
     return {"diff": diff, "ci95": [low, high], "p": p, "df": welch_df(a, b), "ratio": ratio,
             "ratio_ci95": [ratio_low, ratio_high]}
+
+
+def mean_std(summary: dict | None, scale: float = 1.0) -> str:
+    """"66.73 ± 0.74" from a Summary dict ("n/a" without runs; no ± for one run)."""
+    if summary is None:
+        return "n/a"
+    return f"{summary['mean'] * scale:.2f}" + (f" ± {summary['std'] * scale:.2f}" if summary["std"] is not None
+                                               else "")
+
+
+def interval_text(value: float, interval: list[float], scale: float = 1.0) -> str:
+    """"+0.35 (-1.40 .. +2.11)": a signed difference and its 95% interval, times `scale` (100: points)."""
+    low, high = interval
+    return f"{value * scale:+.2f} ({low * scale:+.2f} .. {high * scale:+.2f})"
+
+
+def ratio_text(test: dict) -> str:
+    """"0.812 (0.802 .. 0.822)": mean_diff_test's ratio and its 95% interval."""
+    low, high = test["ratio_ci95"]
+    return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"

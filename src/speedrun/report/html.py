@@ -52,7 +52,8 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
             cost = r["cost"]
             cells.append([_num(str(i + 1)), escape(rep.clip_text(r["recipe"], 60)),
                           escape(rep.clip_text(r["device_name"] or r["device"], 60)),
-                          _num(rep.pm_text(r["accuracy"], r["std_accuracy"], 100)), _num(rep.pm_text(r["seconds"], r["std_seconds"])),
+                          _num(rep.pm_text(r["accuracy"], r["std_accuracy"], 100)),
+                          _num(rep.pm_text(r["seconds"], r["std_seconds"])),
                           _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep.hits_text(r)),
                           escape(r["date"][:10]), f"<code>{escape(rep.clip_text(r['command'], 1000))}</code>",
                           f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'])
@@ -77,8 +78,9 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
     for name, group in by_data.items():
         rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
         if rows:
-            points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
-                       "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]} for r in rows]
+            points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"],
+                       "std_seconds": r["std_seconds"], "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]}
+                      for r in rows]
             out.append(_img("accuracy-vs-time", charts.accuracy_vs_time(
                 f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
                 f"accuracy against time on {name}"))

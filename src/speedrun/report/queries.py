@@ -1,11 +1,6 @@
-"""`speedrun report`: the results database as one self-contained HTML page, and the generated Markdown tables.
-
-The page (no script, no network at view time: every chart is a PNG inside the file) holds a leaderboard per
-dataset and target accuracy, accuracy against time per recipe, per-epoch learning curves, the newest ablation
-bars, waterfall and --to-target charts per recipe, dataset and device, and every stored benchmark report.
-`--readme FILE` and `--benchmarks FILE` rewrite the text between the marker lines `<!-- records:begin -->` ...
-`<!-- records:end -->` (the README's records table) and `<!-- ablation:begin -->` ... (BENCHMARKS.md's ablation
-and waterfall tables), the convention of benchmarks/table.py, so no number there is typed by hand.
+"""What `speedrun report` reads from the results database: leaderboards, learning curves and the instruments'
+newest reports, every value checked, with their text forms (html.py and markdown.py render them, publish.py
+writes the files).
 
 What the leaderboard ranks: `speedrun train` results (imported files included) that are not smoke tests and have
 at least one finished run; the runs of a bench or ablation (commands ending "# setting ...") live in their reports.
@@ -16,15 +11,12 @@ accurate first. Everything read from the database is treated as hostile: escaped
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sqlite3
-import stat
-import sys
-from pathlib import Path
 
 from speedrun.errors import printable
+from speedrun.recipes import RECIPES
+from speedrun.records.stats import interval_text
 from speedrun.report.charts import finite
 
 GENERATOR = '<meta name="generator" content="speedrun report">'
@@ -91,8 +83,6 @@ def _clean(values) -> dict | None:
 def family_of(recipe) -> str:
     """The family that trains a stored recipe (recipes.RECIPES), or "other" for a name this version does not know.
     Two families can name different data alike ("synthetic"): a leaderboard is per dataset *and* family."""
-    from speedrun.recipes import RECIPES
-
     known = RECIPES.get(recipe) if isinstance(recipe, str) else None
     return known.family if known is not None else "other"
 
@@ -274,8 +264,6 @@ def provenance(report: dict) -> str:
 
 
 def ci_text(row: dict, scale: float = 100) -> str:
-    from speedrun.instruments.bench import interval_text
-
     if row["gain"] is None or row["low"] is None or row["high"] is None:
         return "-"
     return interval_text(row["gain"], [row["low"], row["high"]], scale)
@@ -283,75 +271,3 @@ def ci_text(row: dict, scale: float = 100) -> str:
 
 def p_text(value) -> str:
     return "-" if value is None else f"{value:.3g}"
-
-
-def _check_out(text: str | None, default: str) -> Path:
-    """The file --out names (a symlink followed): new, or an earlier report (the first KB carries GENERATOR);
-    never another file."""
-    if text == "":
-        raise ValueError("--out needs a file name, e.g. --out report.html")
-    where = printable(text or default)
-    path = Path(os.path.realpath(text or default))
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return path
-    except OSError as e:
-        raise ValueError(f"cannot check --out {where} ({e.strerror}); give another file") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise ValueError(f"--out {where} is a directory; give a file name such as report.html")
-    try:
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(0, "not a regular file")
-        with open(path, "rb") as f:
-            head = f.read(1024)
-    except OSError as e:
-        raise ValueError(f"--out {where} exists and cannot be checked ({e.strerror}); give another file") from None
-    if GENERATOR.encode() not in head:
-        raise ValueError(f"--out {where} exists and is not a speedrun report; give another file name (an earlier "
-                         "report is replaced, nothing else is)")
-    return path
-
-
-def report_command(args) -> int:
-    """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`: everything is read and
-    checked first, then written; a database that holds anything draws a bounded page, never a traceback."""
-    import warnings
-
-    import numpy as np
-
-    from speedrun.records import db as db
-    from speedrun.report import html as report_html
-    from speedrun.report import markdown as md
-    from speedrun.records.result_file import write_text
-
-    path = db.default_db_path() if args.db is None else Path(args.db)
-    if not os.path.exists(path):  # connect would create an empty database: say what is missing instead
-        raise ValueError(f"no results database at {printable(str(path))}; train something first "
-                         "(speedrun train) or give one with --db PATH")
-    page = args.out is not None or (args.readme is None and args.benchmarks is None)
-    out = _check_out(args.out, "speedrun-report.html") if page else None
-    writes = []
-    with contextlib.closing(db.connect(path, readonly=True)) as conn:
-        try:
-            with warnings.catch_warnings(), np.errstate(all="ignore"):  # a library's note on odd data is not ours
-                warnings.simplefilter("ignore")
-                if args.readme is not None:
-                    writes.append(md.prepare_marked(args.readme, {"records": "\n".join(md.readme_lines(conn))},
-                                                    "--readme"))
-                if args.benchmarks is not None:
-                    writes.append(md.prepare_marked(args.benchmarks,
-                                                    {"ablation": "\n".join(md.benchmarks_lines(conn))},
-                                                    "--benchmarks"))
-                html = report_html.page(conn) if page else None
-        except sqlite3.Error as e:  # a damaged file, or tables changed by hand
-            raise ValueError(f"cannot read the results database {printable(str(path))} ({e}); it is damaged or "
-                             f"was changed by another program; give another with --db PATH") from None
-    for target, text, mode in writes:
-        write_text(target, text, mode)
-        print(f"rewrote the generated section of {printable(str(target))}", file=sys.stderr)
-    if html is not None:
-        _check_out(args.out, "speedrun-report.html")  # again: drawing takes seconds; a file may have appeared
-        write_text(out, html)
-        print(f"report: {printable(str(out))} ({len(html.encode()) // 1024} KB)", file=sys.stderr)
-    return 0

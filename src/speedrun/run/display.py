@@ -32,10 +32,6 @@ def _secs(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def _final(tta_level: int) -> str:
-    return f"final evaluation with TTA level {tta_level}" if tta_level else "final evaluation without TTA"
-
-
 def _console(stream) -> Console:
     tty = hasattr(stream, "isatty") and stream.isatty()
     return Console(file=stream) if tty else Console(file=stream, width=_WIDE, soft_wrap=True)
@@ -88,7 +84,7 @@ class Display:
             self._status = None
 
     @contextlib.contextmanager
-    def run(self, index: int, total: int, seed: int, tta_level: int = 2):
+    def run(self, index: int, total: int, seed: int, final: str = "final evaluation"):
         """Yields (on_step, on_epoch) callbacks for one run. The per-epoch table streams: each row is printed
         as its epoch ends, above the progress bar, so a long (CPU) run shows its learning curve as it goes."""
         if not self.verbose:
@@ -125,7 +121,7 @@ class Display:
                                    f"{time.perf_counter() - start:.1f} s", highlight=False)
 
             yield on_step, on_epoch
-        self.err.print(f"(last row: test accuracy of the {_final(tta_level)}; timed s: the timed region so far)",
+        self.err.print(f"(last row: test accuracy of the {final}; timed s: the timed region so far)",
                        highlight=False)
 
     def summary(self, result) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -246,30 +245,3 @@ def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
         batch = torch.from_numpy(np.stack([_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
         out += zip(chunk, model.predict(batch, top=top))
     return out
-
-
-def eval_command(args) -> int:
-    """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
-    from speedrun.records.result_file import claim_result_path, release_result_path, write_json
-
-    json_path = claim_result_path(args.json) if getattr(args, "json", None) else None  # fails now, not after
-    try:
-        quiet = getattr(args, "quiet", False)
-        result = evaluate_saved(args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
-                                device=args.device, log=None if quiet else lambda line: print(line, file=sys.stderr))
-        if json_path is not None:
-            write_json(json_path, result)
-    except BaseException:
-        if json_path is not None:
-            release_result_path(json_path)
-        raise
-    print(f"accuracy {100 * result['accuracy']:.2f}% on {printable(result['dataset'])} test ({result['n']} images, "
-          f"TTA level {result['tta_level']})")
-    return 0
-
-
-def predict_command(args) -> int:
-    """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout."""
-    for file, preds in predict_files(args.model, args.images, top=args.top, device=args.device):
-        print(f"{printable(file)}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
-    return 0

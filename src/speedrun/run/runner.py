@@ -305,7 +305,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 if checkpoints is not None:
                     checkpoints.begin(i, result.runs)
                 try:
-                    with show.run(i, runs, seed + i, cfg.tta_level) as (on_step, on_epoch):
+                    with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
                         run = family.train_run(cfg, data, dev, seed + i, world=world, on_step=on_step,
                                                on_epoch=on_epoch, checkpoints=checkpoints,
                                                resume=state if i == first_run else None)

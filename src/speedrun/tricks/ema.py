@@ -12,7 +12,7 @@ its middle, worth most when the run ends at a non-zero lr or with noisy small-ba
 Suggested: a half-life of a few hundred to a few thousand steps (decay_for_half_life), updated every 10-32 steps
 to save launches. torchvision's classification reference updates every 32 steps (--model-ema-steps) and rescales
 its --model-ema-decay 0.99998 by world size * batch * 32 / epochs (references/classification/train.py); MosaicML
-Composer's ResNet ImageNet configs: half-life 100 batches, updated every 20. Not yet measured in speedrun.
+Composer's ResNet ImageNet configs: half-life 100 batches, updated every 20.
 FFCV's ImageNet recipe (libffcv/ffcv-imagenet: train_imagenet.py, rn*_configs) has no weight EMA at all: SGD, a
 linear-ramp lr ending at 0, label smoothing, BlurPool, progressive resizing and flip TTA. Whether an EMA still
 gains when the lr already anneals to 0 is for an ablation to say.

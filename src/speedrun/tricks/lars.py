@@ -21,7 +21,7 @@ per step. With LARS the paper trains AlexNet-BN to batch 8K and ResNet-50 to bat
 Because the adapted step does not depend on ||g||, a loss scaled by any constant (with wd 0) gives the same step.
 Suggested: LARS trust_coefficient 0.001, momentum 0.9, weight decay ~1e-4 (TensorFlow's defaults), with lr
 warmup, linear lr scaling in the batch and polynomial decay (its docs); the global lr is then O(1-10), not 0.1.
-LAMB: betas (0.9, 0.999), eps 1e-6, weight decay 0.01 (the BERT setting). Not yet measured in speedrun.
+LAMB: betas (0.9, 0.999), eps 1e-6, weight decay 0.01 (the BERT setting).
 Interactions: the lr schedule multiplies group["lr"] (groups keep "initial_lr"); Lookahead/EMA compose; label
 smoothing is independent. A tensor at zero (zero_init_residual's BN scales are excluded anyway) takes a full-lr
 step with ratio 1.

@@ -5,9 +5,8 @@ autocast (bf16/fp16): matmuls and convs run on tensor cores in 16-bit; BatchNorm
   which costs a cast per weight per step but needs no loss scaling with bf16. fp16 autocast runs without a
   GradScaler: the loss is summed over the batch (hundreds), far from fp16 gradient underflow.
 channels_last: NHWC layout, the one cuDNN's tensor-core convolutions want (hlb-CIFAR10 v0.2: with amax pooling
-  ~0.5 s of 18 s), and oneDNN's CPU convolutions too: a cifar10-94 training step (batch 256, 1 thread, AMD EPYC,
-  n = 8 interleaved) took 3.39 ± 0.23 s in NCHW and 2.57 ± 0.10 s in NHWC, ratio 0.76 (95% CI 0.71 to 0.80)
-  (benchmarks/step_time.py; BENCHMARKS.md).
+  ~0.5 s of 18 s), and oneDNN's CPU convolutions too: a cifar10-94 training step on one CPU thread takes about
+  three quarters of its NCHW time in NHWC (benchmarks/step_time.py; BENCHMARKS.md, "channels_last on the CPU").
 compile: torch.compile of the model (airbench94: 3.83 s -> 3.29 s); its compilation happens in an untimed
   warm-up run.
 cudnn_benchmark: cuDNN times the candidate algorithms for each new convolution shape once and keeps the

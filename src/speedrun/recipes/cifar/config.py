@@ -10,10 +10,13 @@ from typing import Literal
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 
+def final_evaluation(cfg: CifarConfig) -> str:
+    return f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
+
+
 def timed_region(cfg: CifarConfig) -> str:
     """What train_seconds covers, for the result file and the summary (as airbench times)."""
-    final = f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
-    return (f"whitening init + training + {final}, device-synchronized; excludes data loading, upload, per-epoch "
+    return (f"whitening init + training + {final_evaluation(cfg)}, device-synchronized; excludes data loading, upload, per-epoch "
             "table evaluations, checkpoint writes and the warm-up run")
 
 # Settings a resumed run may change: how fast it runs and what it reports, not what it trains.

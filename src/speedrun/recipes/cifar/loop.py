@@ -23,10 +23,9 @@ compile warm-up run are outside it and reported separately.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,8 +34,8 @@ from speedrun import dist
 from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
-from speedrun.engine.loop import FiniteLossGuard, RunResult, Timer, evaluate, stop_at_step_end
-from speedrun.engine.system import rng_state, seed_everything, set_rng_state, setup_system, synchronize
+from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, stop_at_step_end
+from speedrun.engine.system import seed_everything, setup_system, synchronize
 from speedrun.recipes.cifar.config import CifarConfig
 from speedrun.models import CifarNet
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
@@ -110,31 +109,22 @@ def _epoch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor
 
 
 @dataclass
-class TrainState:
-    """Everything a resumed run restores, in one place (torchtitan's TrainState, nanoGPT's checkpoint dict): what
-    the loop would otherwise keep in local variables. The loader needs only `step`: its batches are a pure function
-    of (seed, step). The model is the bare one (no DDP, no compile wrapper)."""
+class TrainState(LoopState):
+    """Everything a resumed run restores: the bare model (no DDP, no compile wrapper), its optimizers, Lookahead's
+    slow weights, the whitening bias's frozen flag, and the loop's bookkeeping (engine.loop.LoopState)."""
 
     model: CifarNet
     optimizers: list[torch.optim.Optimizer]
     lookahead: Lookahead | None = None
-    step: int = 0
     whiten_bias_frozen: bool = False  # the whitening bias stopped learning (cfg.whiten_bias_epochs)
-    seconds: float = 0.0  # timed seconds so far
-    epochs_done: int = 0  # whole epochs in the per-epoch table
-    history: list[dict] = field(default_factory=list)
-    last_batch: dict | None = None  # the final row's train loss/accuracy, when the last step was checkpointed
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.optimizers],
                 "lookahead": None if self.lookahead is None else list(self.lookahead.slow),
-                "step": self.step, "whiten_bias_frozen": self.whiten_bias_frozen, "seconds": self.seconds,
-                "epochs_done": self.epochs_done, "history": self.history, "last_batch": self.last_batch,
-                "rng": rng_state()}
+                "whiten_bias_frozen": self.whiten_bias_frozen, **self.loop_state()}
 
     def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
-        """Restore from a checkpoint's state. A checkpoint is a file from elsewhere: its checksum proves it whole,
-        not well-formed, so every part is checked against this run before use (CheckpointError, one line)."""
+        """Restore from a checkpoint's state, every part checked against this run (CheckpointError, one line)."""
         with restoring():
             self.model.load_state_dict(state["model"])  # copies into the live tensors: Lookahead's views stay valid
             if len(state["optimizers"]) != len(self.optimizers):
@@ -146,16 +136,10 @@ class TrainState:
                 if [t.shape for t in slow] != [t.shape for t in self.lookahead.slow]:
                     raise ValueError("Lookahead's averages do not match the network")
                 torch._foreach_copy_(self.lookahead.slow, [t.to(self.model.whiten.weight.device) for t in slow])
-            step, seconds, done, history, last = (state[k] for k in ("step", "seconds", "epochs_done", "history",
-                                                                     "last_batch"))
-            if not (type(step) is int and 0 <= step <= total_steps and type(done) is int and 0 <= done <= step
-                    and isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
-                    and type(state["whiten_bias_frozen"]) is bool and isinstance(history, list)
-                    and all(isinstance(row, dict) for row in history) and isinstance(last, (dict, type(None)))):
-                raise ValueError("step, timed seconds, frozen flag or history out of range")
-            self.step, self.whiten_bias_frozen = step, state["whiten_bias_frozen"]
-            self.seconds, self.epochs_done, self.history, self.last_batch = seconds, done, list(history), last
-            set_rng_state(state["rng"])
+            if type(state["whiten_bias_frozen"]) is not bool:
+                raise ValueError("the whitening bias's frozen flag is not true or false")
+            self.whiten_bias_frozen = state["whiten_bias_frozen"]
+            self.load_loop_state(state, total_steps)
 
 
 def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
@@ -216,6 +200,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
     model.train()
+    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
         guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop)
         for inputs, targets in loader.batches(state.step):
@@ -234,27 +219,15 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             if state.lookahead is not None and state.step % cfg.lookahead_every_steps == 0:
                 state.lookahead.update(lookahead_decay(state.step, total_steps, cfg.lookahead_base,
                                                        cfg.lookahead_every_steps))
-            if on_step is not None:
-                on_step(state.step, total_steps)
             epoch = loader.epoch_at(state.step)
-            table_row = int(epoch) > state.epochs_done and state.step < total_steps
-            saving = checkpoints is not None and (stopping or checkpoints.due(state.step, total_steps))
-            if table_row or saving:
-                timer.stop()  # the table's evaluation and checkpoint writes are not part of the timed region
-                if table_row:
-                    state.epochs_done = int(epoch)
-                    row = _epoch_row(epoch, state.step, loss, logits, targets, timer.seconds, world)
-                    if cfg.eval_each_epoch:
-                        row["val_acc"] = scored(0)
-                    state.history.append(row)
-                    if on_epoch is not None:
-                        on_epoch(row)
-                if saving:
-                    state.seconds = timer.seconds
-                    if state.step == total_steps:  # a run resumed from here takes only its final evaluation
-                        state.last_batch = _epoch_row(epoch, state.step, loss, logits, targets, 0.0, world)
-                    checkpoints.save(state.step, state.state_dict())
-                timer.start()
+
+            def batch_row(seconds: float) -> dict:
+                return _epoch_row(epoch, state.step, loss, logits, targets, seconds, world)
+
+            def table_row(seconds: float) -> dict:
+                return {**batch_row(seconds), "val_acc": scored(0) if cfg.eval_each_epoch else None}
+
+            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row)
             if stopping:  # a signal (on any process): the state is whole, and saved when a folder was given
                 raise stop.interrupt()
         guard.finish()
@@ -262,13 +235,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         state.lookahead.update(1.0)  # final sync: the live net takes the averaged weights
     accuracy = scored(cfg.tta_level)
     train_seconds = timer.stop()  # ---- end of timed region ----
-    # The last batch's numbers: computed at the last step's checkpoint, or now (outside the timed region).
-    row = dict(state.last_batch or _epoch_row(loader.epoch_at(state.step), state.step, loss, logits, targets,
-                                              0.0, world))
-    row["val_acc"], row["train_seconds"] = accuracy, train_seconds  # the last row reports the final accuracy, with TTA
-    state.history.append(row)
-    if on_epoch is not None:
-        on_epoch(row)
+    steps.final(state, accuracy, train_seconds, lambda seconds: _epoch_row(
+        loader.epoch_at(state.step), state.step, loss, logits, targets, seconds, world))
     return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
                      steps=total_steps, history=state.history, model=model)
 

@@ -14,6 +14,11 @@ MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size"
 MAX_BATCH = 1 << 17
 
 
+def final_evaluation(cfg: ImagenetConfig) -> str:
+    # the image and its mirror are TTA level 1 in the cifar family's words, which the progress table has always used
+    return "final evaluation with TTA level 1" if cfg.tta_flip else "final evaluation without TTA"
+
+
 def timed_region(cfg: ImagenetConfig) -> str:
     tta = " with flip averaging" if cfg.tta_flip else ""
     return (f"training (loader workers included) + final evaluation at {cfg.eval_res_px} px{tta}, "
@@ -62,10 +67,6 @@ class ImagenetConfig(SystemConfig):
     tta_flip: bool = True
     eval_each_epoch: bool = False  # an untimed evaluation per epoch for the table (a full pass over val each)
     eval_batch_size: int = 256
-
-    @property
-    def tta_level(self) -> int:  # the runner's display names the evaluation's views as the CIFAR family's levels
-        return 1 if self.tta_flip else 0
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

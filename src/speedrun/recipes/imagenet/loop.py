@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,8 +42,8 @@ import torch
 from speedrun import dist
 from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
-from speedrun.engine.loop import FiniteLossGuard, RunResult, Timer, stop_at_step_end
-from speedrun.engine.system import rng_state, seed_everything, set_rng_state, setup_system
+from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, stop_at_step_end
+from speedrun.engine.system import seed_everything, setup_system
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.recipes.imagenet.data import ShardData
 from speedrun.models.resnet import norm_and_bias_params, resnet
@@ -90,22 +90,17 @@ def build_optimizer(cfg: ImagenetConfig, model: torch.nn.Module) -> torch.optim.
 
 
 @dataclass
-class TrainState:
-    """What a resumed run restores (the shape of cifar.py's TrainState). The loader needs only `step`."""
+class TrainState(LoopState):
+    """What a resumed run restores: the bare model, its optimizer, the weight average when on, and the loop's
+    bookkeeping (engine.loop.LoopState). The loader needs only `step`."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     ema: Any = None  # tricks/ema.WeightEma or None
-    step: int = 0
-    seconds: float = 0.0
-    epochs_done: int = 0
-    history: list[dict] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "ema": None if self.ema is None else self.ema.state_dict(), "step": self.step,
-                "seconds": self.seconds, "epochs_done": self.epochs_done, "history": self.history,
-                "rng": rng_state()}
+                "ema": None if self.ema is None else self.ema.state_dict(), **self.loop_state()}
 
     def load_state_dict(self, state: dict[str, Any], total_steps: int) -> None:
         """Restore from a checkpoint's state, each part checked against this run (CheckpointError, one line)."""
@@ -116,13 +111,7 @@ class TrainState:
                 raise ValueError("the checkpoint's EMA setting is not this run's")
             if self.ema is not None:
                 self.ema.load_state_dict(state["ema"])
-            step, seconds, done, history = (state[k] for k in ("step", "seconds", "epochs_done", "history"))
-            if not (type(step) is int and 0 <= step <= total_steps and type(done) is int and 0 <= done
-                    and isinstance(seconds, float) and math.isfinite(seconds) and seconds >= 0
-                    and isinstance(history, list) and all(isinstance(row, dict) for row in history)):
-                raise ValueError("step, timed seconds or history out of range")
-            self.step, self.seconds, self.epochs_done, self.history = step, seconds, done, list(history)
-            set_rng_state(state["rng"])
+            self.load_loop_state(state, total_steps)
 
 
 def eval_decode_px(cfg: ImagenetConfig) -> int:
@@ -192,6 +181,7 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
 
     model.train()
     loss = torch.zeros(())
+    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
     with stop_at_step_end() as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
                                 stop=stop)
@@ -212,35 +202,25 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
             if state.ema is not None:
                 state.ema.update(state.step)
             stopping = guard.check(state.step, loss, cfg.lr_per_256 * mult)
-            if on_step is not None:
-                on_step(state.step, total_steps)
             epoch = loader.epoch_at(state.step)
-            table_row = int(epoch) > state.epochs_done and state.step < total_steps
-            saving = checkpoints is not None and (stopping or checkpoints.due(state.step, total_steps))
-            if table_row or saving:
-                timer.stop()
-                if table_row:
-                    state.epochs_done = int(epoch)
-                    row = {"epoch": round(epoch, 4), "step": state.step, "train_loss": _global_loss(loss, world),
-                           "train_acc": None, "val_acc": scored() if cfg.eval_each_epoch else None,
-                           "train_seconds": timer.seconds, "res_px": res_at(cfg, state.step - 1, total_steps)}
-                    state.history.append(row)
-                    if on_epoch is not None:
-                        on_epoch(row)
-                if saving:
-                    state.seconds = timer.seconds
-                    checkpoints.save(state.step, state.state_dict())
-                timer.start()
+
+            def batch_row(seconds: float) -> dict:
+                return {"epoch": round(epoch, 4), "step": state.step, "train_loss": _global_loss(loss, world),
+                        "train_acc": None, "val_acc": None, "train_seconds": seconds}
+
+            def table_row(seconds: float) -> dict:
+                return {**batch_row(seconds), "val_acc": scored() if cfg.eval_each_epoch else None,
+                        "res_px": res_at(cfg, state.step - 1, total_steps)}
+
+            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row)
             if stopping:
                 raise stop.interrupt()
         guard.finish()
     accuracy = scored()
     train_seconds = timer.stop()  # ---- end of timed region ----
-    row = {"epoch": round(loader.epoch_at(state.step), 4), "step": state.step, "train_loss": _global_loss(loss, world),
-           "train_acc": None, "val_acc": accuracy, "train_seconds": train_seconds}
-    state.history.append(row)
-    if on_epoch is not None:
-        on_epoch(row)
+    steps.final(state, accuracy, train_seconds, lambda seconds: {
+        "epoch": round(loader.epoch_at(state.step), 4), "step": state.step, "train_loss": _global_loss(loss, world),
+        "train_acc": None, "val_acc": None, "train_seconds": seconds})
     return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
                      steps=total_steps, history=state.history, model=model)
 

@@ -1,0 +1,108 @@
+"""The commands that read and write files and the results database: results, results import, compare, report and
+data prepare. Loading this module imports no torch, so these commands start quickly; the commands that train or
+score a model are in train_commands.py."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import shlex
+import sys
+
+from speedrun.errors import printable
+from speedrun.instruments.compare import METRICS, compare_stored
+from speedrun.records import db as db
+from speedrun.records.stats import interval_text, mean_std, ratio_text
+from speedrun.report.publish import publish
+
+
+def _num(value, scale=1.0, std=None, digits=2) -> str:
+    return "-" if value is None else f"{scale * value:.{digits}f}" + (f" ± {scale * std:.2f}" if std else "")
+
+
+def _table(rows: list[dict]) -> list[str]:
+    table = [["ID", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HIT", "COST $", "COMMIT"]]
+    for r in rows:
+        commit = "-" if r["git_commit"] is None else r["git_commit"][:8] + ("+" if r["git_dirty"] else "")
+        table.append([printable(cell) for cell in (  # a newline in a stored name must not break the row
+            str(r["id"]), r["date"][:16].replace("T", " "), r["recipe"], r["dataset"], r["device_name"] or r["device"],
+            str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]), _num(r["mean_seconds"], 1, r["std_seconds"]),
+            _num(r["hit_rate"]), _num(r["cost"], digits=4), commit)])
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+
+
+def results_command(args) -> int:
+    """`speedrun results`: args has recipe, dataset, device, since, until, command_text, limit, json, csv, db."""
+    if args.json and args.csv:
+        raise ValueError("--json and --csv are exclusive; choose one")
+    with contextlib.closing(db.connect(args.db)) as conn:
+        rows = db.query(conn, recipe=args.recipe, dataset=args.dataset, device=args.device, since=args.since,
+                        until=args.until, command=args.command_text, limit=args.limit)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif args.csv:
+        csv.writer(sys.stdout, lineterminator="\n").writerows([db.COLUMNS] + [list(r.values()) for r in rows])
+    else:
+        print("\n".join(_table(rows)) if rows else "no stored result matches; `speedrun results import FILE` adds some",
+              file=sys.stdout if rows else sys.stderr)
+    return 0
+
+
+def import_command(args) -> int:
+    """`speedrun results import FILE... [--db PATH]`: args has files and db. Exit 2 if any file failed."""
+    with contextlib.closing(db.connect(args.db)) as conn:
+        done = db.import_files(conn, args.files)
+    for name, new_id, error, new in ((printable(str(entry.path)), *entry[1:]) for entry in done):
+        if error:  # on stderr, the command's error line, with what to do
+            sys.stderr.write(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result "
+                             "JSON file of speedrun train or a benchmark script)\n")
+        else:
+            print(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
+    return 2 if any(entry.error for entry in done) else 0
+
+
+def _compare_lines(report: dict) -> list[str]:
+    def ms(s: dict | None, scale: float) -> str:
+        return "no runs" if s is None else f"{mean_std(s, scale)} (n={s['n']})"
+
+    lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
+    lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")
+    for key, name, scale in METRICS:
+        m, t = report["metrics"][key], report["metrics"][key]["test"]
+        if t is None:
+            diff, p, ratio = "n/a (needs 2+ runs a side)", "n/a", "n/a"
+        else:
+            diff, p, ratio = interval_text(t["diff"], t["ci95"], scale), f"{t['p']:.3g}", ratio_text(t)
+        lines.append(f"{name:11} {ms(m['a'], scale):>24} {ms(m['b'], scale):>24} {diff:>28} {p:>9} {ratio:>24}")
+    return lines
+
+
+def compare_command(args, argv: list[str]) -> int:
+    """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
+    report, stored = compare_stored(args.a, args.b, db_path=args.db, command=shlex.join(["speedrun", *argv]))
+    if args.json:
+        print(json.dumps({**report, "id": stored}, indent=2))
+    else:
+        print("\n".join(_compare_lines(report)))
+    return 0
+
+
+def report_command(args) -> int:
+    """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`: what it wrote on stderr."""
+    publish(args.db, out=args.out, readme=args.readme, benchmarks=args.benchmarks,
+            log=lambda line: print(line, file=sys.stderr))
+    return 0
+
+
+def prepare_command(args) -> int:
+    """`speedrun data prepare`: prepare_tree with the command's flags, progress and the report on stdout."""
+    # The speedrun.data package imports torch (its loaders) when it loads: deferred, so that the other commands
+    # of this module load without it.
+    from speedrun.data.prepare_tree import prepare_tree
+
+    report = prepare_tree(args.src, args.dst, max_side_px=args.max_side_px, quality=args.quality,
+                          workers=args.workers, on_error=args.on_error, log=lambda line: print(line, flush=True))
+    print("\n".join(report.lines()), flush=True)
+    return 0

@@ -1,0 +1,249 @@
+"""The commands that train or score a model: train, bench, ablate (--waterfall, --to-target), eval, predict and
+bench-loader. Loading this module imports torch, the recipes and the data (a second or more), so program.py loads
+it only when one of these commands runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from speedrun import dist
+from speedrun.cli.output import EXIT_DIVERGED
+from speedrun.config import check_int, parse_set_args
+from speedrun.errors import printable
+from speedrun.instruments.ablate import ablate, waterfall
+from speedrun.instruments.bench import bench, recipe_vary, run_and_store
+from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_list, rate_text, versus_text
+from speedrun.instruments.to_target import DEFAULT_PROBES, MAX_PROBES, MIN_PROBES, to_target
+from speedrun.instruments.variants import off_text
+from speedrun.records.db import default_db_path
+from speedrun.records.result_file import claim_result_path, release_result_path, write_json
+from speedrun.records.stats import interval_text, mean_std, ratio_text
+from speedrun.run import runner as runs
+from speedrun.run.export import evaluate_saved, predict_files
+
+
+def _log(line: str) -> None:
+    """Progress lines go to stderr: stdout carries the command's table or answer alone."""
+    print(line, file=sys.stderr)
+
+
+def train_command(args, argv: list[str]) -> int:
+    overrides = parse_set_args(args.overrides)
+    result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
+                        seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
+                        json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
+                        command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
+                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+                        resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
+                        db=args.db or default_db_path(), overrides=overrides)
+    return EXIT_DIVERGED if result.diverged_runs else 0
+
+
+def _run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | None, int | None]:
+    """run_and_store with the flags that bench, ablate and ablate --to-target share."""
+    return run_and_store(make, kind=kind, recipe=args.recipe, dataset=args.dataset, device=args.device,
+                         db_path=args.db, json_path=args.json, command=dist.command_line(argv), log=_log)
+
+
+def diverged_exit(report: dict, quiet: bool = False) -> int:
+    """3 when a run diverged (as `speedrun train`), each setting's count on stderr unless quiet; else 0."""
+    bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
+    for name, count in [] if quiet else bad:
+        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics",
+              file=sys.stderr)
+    return EXIT_DIVERGED if bad else 0
+
+
+def _bench_lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
+             "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
+             f"{'setting':28} {'n':>3} {'div':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} "
+             f"{'p':>8} {'time ratio':>22}"]
+    for s in report["settings"]:
+        v = s["versus_baseline"]
+        acc, secs = (v or {}).get("accuracy"), (v or {}).get("train_seconds")
+        dacc = ("-" if s["name"] == "baseline" else "n/a" if acc is None
+                else interval_text(acc["diff"], acc["ci95"], 100))
+        p = "-" if acc is None else f"{acc['p']:.3g}"
+        ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else ratio_text(secs)
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} "
+                     f"{mean_std(s['train_seconds']):>14} "
+                     f"{dacc:>24} {p:>8} {ratio:>22}")
+    return lines
+
+
+def bench_command(args, argv: list[str]) -> int:
+    vary, overrides = recipe_vary(args.recipe, args.vary), parse_set_args(args.overrides)
+    report, path, stored = _run_and_store(args, argv, "bench", lambda log: bench(
+        args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
+        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
+    if path is None:  # a torchrun process other than rank 0
+        return diverged_exit(report, quiet=True)
+    print("\n".join(_bench_lines(report)))
+    print(f"report: {path} (stored as #{stored}); order: "
+          + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
+          file=sys.stderr)
+    return diverged_exit(report)
+
+
+def _waterfall_lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
+             f"{report['runs']} interleaved round(s) per row",
+             f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
+    for row in report["waterfall"]:
+        b = row["bought"]
+        if b is None:
+            gain, p = ("-" if row is report["waterfall"][0] else "n/a"), ""
+        else:
+            d = b["accuracy"]
+            gain, p = interval_text(d["diff"], d["ci95"], 100), f"{d['p']:.3g}"
+        secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
+        lines.append(f"{row['step'][:24]:24} {mean_std(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
+    return lines
+
+
+def _ablate_lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
+             f"{report['runs']} interleaved round(s); gain = baseline - trick off",
+             f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
+    for r in report["tricks"]:
+        if not r["measured"]:
+            gain, p, ratio = "already off", "", ""
+        elif r["gain_accuracy"] is None:
+            gain, p, ratio = "n/a (needs 2+ runs)", "", ""
+        else:
+            gain = interval_text(r["gain_accuracy"], r["gain_ci95"], 100)
+            p = f"{r['p']:.3g}"
+            ratio = "-" if r["time_ratio_off"] is None else f"{r['time_ratio_off']:.3f}"
+        lines.append(f"{r['trick']:20} {str(r['off']):>10} {gain:>30} {p:>8} {ratio:>12}  {r['what']}")
+    return lines
+
+
+def ablate_command(args, argv: list[str]) -> int:
+    if args.to_target and args.waterfall is not None:
+        raise ValueError("--to-target and --waterfall are two different questions: ask one per command")
+    if args.max_probes is not None and not args.to_target:
+        raise ValueError("--max-probes bounds the --to-target search: add --to-target")
+    if args.to_target:
+        return to_target_command(args, argv)
+    overrides = parse_set_args(args.overrides)
+    order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
+
+    def make(log):
+        common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
+                      data_dir=args.data_dir, overrides=overrides, log=log)
+        return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
+
+    report, path, stored = _run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
+    if path is None:  # a torchrun process other than rank 0
+        return diverged_exit(report, quiet=True)
+    print("\n".join(_waterfall_lines(report) if order is not None else _ablate_lines(report)))
+    print(f"report: {path} (stored as #{stored})", file=sys.stderr)
+    return diverged_exit(report)
+
+
+def _target_lines(report: dict) -> list[str]:
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
+             f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
+             f"{report['max_probes']} probes per variant, variants in lockstep",
+             f"{'variant':28} {'epochs needed':>13} {'timed s':>9} {'vs baseline':>11} {'probes':>6}  search"]
+    base = report["variants"][0]["epochs_needed"] if report["variants"] else None
+    for v in report["variants"]:
+        needed = v["epochs_needed"]
+        ratio = ("-" if v["name"] == "baseline" else "n/a" if needed is None or base is None
+                 else f"{needed / base:.3f}")
+        if needed is None:
+            best = "n/a" if v["best_accuracy"] is None else f"{v['best_accuracy'] * 100:.2f}%"
+            up_to = "n/a" if v["searched_up_to_epochs"] is None else f"{v['searched_up_to_epochs']:.4g}"
+            what = f"not reached at <= {up_to} epochs (best {best})"
+        elif v["missed_epochs"] is not None:
+            what = f"in ({v['missed_epochs']:.4g}, {needed:.4g}] epochs" + (
+                ": one step wide" if v["exact"] else "; more --max-probes narrow it")
+        else:
+            what = ("reached at every probe, down to the search's floor" if v["exact"] else
+                    "reached at every probe; more --max-probes go shorter")
+        if not v["search_complete"]:
+            what += "; cut short"
+        secs = "n/a" if v["seconds_needed"] is None else f"{v['seconds_needed']:.2f}"
+        shown = "n/a" if needed is None else f"{needed:.4g}"
+        lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")
+    for off in report["already_off"]:
+        name = f"{off['trick']}={off_text(off['off'])}"
+        lines.append(f"{name:28} already off (recipe, --set or device): not searched")
+    return lines
+
+
+def to_target_command(args, argv: list[str]) -> int:
+    overrides = parse_set_args(args.overrides)
+    max_probes = DEFAULT_PROBES if args.max_probes is None else args.max_probes
+    # checked before run_and_store opens the database and claims the report file
+    check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    report, path, stored = _run_and_store(args, argv, "to-target", lambda log: to_target(
+        args.recipe, runs=args.runs, max_probes=max_probes,
+        dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,
+        overrides=overrides, log=log))
+    bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
+    if path is None:  # a torchrun process other than rank 0
+        return EXIT_DIVERGED if bad else 0
+    print("\n".join(_target_lines(report)))
+    print(f"report: {path} (stored as #{stored}); order: "
+          + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
+          + (" ..." if len(report["order"]) > 12 else ""), file=sys.stderr)
+    for name, count in bad:
+        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss",
+              file=sys.stderr)
+    return EXIT_DIVERGED if bad else 0
+
+
+def eval_command(args) -> int:
+    """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
+    json_path = claim_result_path(args.json) if getattr(args, "json", None) else None  # fails now, not after
+    try:
+        quiet = getattr(args, "quiet", False)
+        result = evaluate_saved(args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
+                                device=args.device, log=None if quiet else _log)
+        if json_path is not None:
+            write_json(json_path, result)
+    except BaseException:
+        if json_path is not None:
+            release_result_path(json_path)
+        raise
+    print(f"accuracy {100 * result['accuracy']:.2f}% on {printable(result['dataset'])} test ({result['n']} images, "
+          f"TTA level {result['tta_level']})")
+    return 0
+
+
+def predict_command(args) -> int:
+    """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout."""
+    for file, preds in predict_files(args.model, args.images, top=args.top, device=args.device):
+        print(f"{printable(file)}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
+    return 0
+
+
+def bench_loader_command(args, argv: list[str] | None = None) -> int:
+    workers = int_list(args.workers, "--workers", 0, 64)
+    res = int_list(args.res, "--res", 8, 1024)
+    path = claim_result_path(args.json) if args.json else None  # an existing file fails before any measuring
+    written = False
+    try:
+        report = bench_loader(args.dir, split=args.split, workers=workers, res=res, batch=args.batch,
+                              batches=args.batches, runs=args.runs, decode_px=args.decode_px, device=args.device,
+                              baseline=args.baseline, decoder=args.decoder, log=_log)
+        report["command"] = " ".join(["speedrun", *(sys.argv[1:] if argv is None else argv)])
+        if path is not None:
+            write_json(path, report)
+            written = True
+    finally:
+        if path is not None and not written:
+            release_result_path(path)
+    print(f"{printable(args.dir)} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
+          f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
+    print(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
+    for s in report["settings"]:
+        print(f"{s['pipeline']:9} {s['workers']:>7} {s['res']:>5} {s['n']:>3} {rate_text(s['summary']):>14} "
+              f"{np.mean(s['startup_s']):>10.2f}  {versus_text(s['versus_baseline'])}")
+    print(f"timed: {TIMED_REGION}" + (f"; report: {path}" if path else ""), file=sys.stderr)
+    return 0

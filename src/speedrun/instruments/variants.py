@@ -1,0 +1,37 @@
+"""What ablate and to_target share: the variants of a recipe that switch one registered trick off (a family's
+TRICKS: its config switch, its "off" value, what it is), and which of them are already off on the device that runs.
+
+"Already off" is judged on that device: `precision=auto` is fp32 on a CPU, so switching bf16 off there would train
+the baseline again under another name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from speedrun.engine.system import setup_system
+
+Trick = tuple[str, object, str]  # (config key, its "off" value, what it is): a family's TRICKS entry
+
+
+def effective(key: str, value, device, base):
+    """What a switch's value means on `device` in `base`'s family: the shared "auto" settings resolved as the run
+    resolves them (engine.setup_system: precision=auto is fp32 on a CPU; channels_last=auto is off on a CPU for
+    a family that says so)."""
+    if key in ("precision", "channels_last"):
+        system = setup_system(dataclasses.replace(base, **{key: value}), device)
+        return system.dtype if key == "precision" else system.channels_last
+    return value
+
+
+def off_text(off) -> str:
+    """A TRICKS "off" value as --set and --vary take it (False -> "false")."""
+    return str(off).lower() if isinstance(off, bool) else str(off)
+
+
+def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:
+    """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`."""
+    def is_off(key: str, off) -> bool:
+        return effective(key, getattr(base, key), dev, base) == effective(key, off, dev, base)
+
+    return [t for t in tricks if not is_off(t[0], t[1])], [t for t in tricks if is_off(t[0], t[1])]

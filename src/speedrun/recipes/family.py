@@ -1,0 +1,103 @@
+"""The recipe-family contract: everything the runner, the instruments, checkpoints and saved models use of a family.
+
+A family is a package under speedrun/recipes/ (cifar, imagenet, cifar_resnet) whose `__init__` provides the names
+below; nothing outside a family reads any other name of it, nor a config field that FamilyConfig does not name.
+tests/test_family.py checks every registered family against `Family` (names, and each function's parameters), so
+a new family that forgets one fails there rather than in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+# (config key, its "off" value, one line of what it is): every trick of a family, switched off in turn by ablate.
+Trick = tuple[str, Any, str]
+
+
+@runtime_checkable
+class FamilyConfig(Protocol):
+    """The config fields read outside the family (the rest of a family's config is its own business). Every family
+    config is a frozen dataclass inheriting config.SystemConfig, whose device-side fields (precision,
+    channels_last, compile, ...) mean the same in every family."""
+
+    epochs: float  # the training budget; with_epochs changes it
+    batch_size: int  # examples per optimizer step, all processes together
+    target_accuracy: float  # fraction of the test set, judged by the result and the leaderboards
+    eval_batch_size: int
+
+    def validate(self) -> None:
+        """Raise ValueError (one line naming the setting and its range) for a setting no run can use."""
+
+
+@runtime_checkable
+class Family(Protocol):
+    """A recipe family, as the runner (run/runner.py), the instruments (bench, ablate, to_target), checkpoints
+    (run/resume.py) and saved models (run/export.py) use it."""
+
+    TRICKS: list[Trick]
+    MAY_DIFFER_ON_RESUME: frozenset[str]  # config fields a resumed run may change (not what is trained)
+
+    def timed_region(self, cfg: Any) -> str:
+        """What train_seconds covers, for the result file and the summary."""
+
+    def final_evaluation(self, cfg: Any) -> str:
+        """What the last row of the progress table measures ("final evaluation with TTA level 2")."""
+
+    def with_epochs(self, cfg: Any, epochs: float) -> Any:
+        """cfg trained for `epochs`, every epoch-denominated setting scaled alike."""
+
+    def load_data(self, dataset: str, *, data_dir: Any, image_size: int | None, log: Callable[[str], None]) -> Any:
+        """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples."""
+
+    def describe(self, data: Any) -> str:
+        """One line: the data's name, sizes and image shape."""
+
+    def smoke(self, cfg: Any, data: Any) -> tuple[Any, Any]:
+        """(cfg, data) cut to a few steps on a little data: does the pipeline run?"""
+
+    def check(self, cfg: Any, data: Any, device: Any, world: Any) -> list[str]:
+        """Refuse (ValueError) what cannot train on this data and device; return warnings for the odd."""
+
+    def notes(self, cfg: Any, data: Any, smoke: bool = False) -> list[str]:
+        """Lines shown before training (what a smoke test is, advice)."""
+
+    def data_signature(self, data: Any) -> dict:
+        """What a checkpoint must agree on with the data it resumes on."""
+
+    def warmup(self, cfg: Any, data: Any, device: Any, world: Any = None) -> float:
+        """Seconds of an untimed run (compile, autotune) before the timed ones; 0.0 when none is needed."""
+
+    def train_run(self, cfg: Any, data: Any, device: Any, seed: int, *, world: Any = None, on_step: Any = None,
+                  on_epoch: Any = None, checkpoints: Any = None, resume: Any = None) -> Any:
+        """One run: an engine.loop.RunResult (accuracy, timed seconds, history, the trained model)."""
+
+    def model_card(self, cfg: Any, data: Any) -> dict:
+        """What a saved model needs besides its weights: classes, image shape, normalization, TTA level."""
+
+    def build_model(self, cfg: Any, in_channels: int, num_classes: int) -> Any:
+        """The untrained network for cfg (a saved model is rebuilt with it, then given its weights)."""
+
+
+def mismatches(module: Any) -> list[str]:
+    """Where `module` (a family's package) departs from Family: missing names, and functions whose parameters
+    lack one the contract passes. Empty when it conforms."""
+    problems = []
+    for name in Family.__annotations__:
+        if not hasattr(module, name):
+            problems.append(f"{name} is missing")
+    for name, member in vars(Family).items():
+        if name.startswith("_") or not callable(member) or name in ("mismatches",):
+            continue
+        found = getattr(module, name, None)
+        if not callable(found):
+            problems.append(f"{name}() is missing")
+            continue
+        wanted = [p for p in inspect.signature(member).parameters.values() if p.name != "self"]
+        have = inspect.signature(found).parameters
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in have.values())
+        for p in wanted:
+            if p.name not in have and not (p.kind is p.KEYWORD_ONLY and takes_kwargs):
+                problems.append(f"{name}() does not take {p.name}")
+    return problems
