@@ -7,7 +7,7 @@ The base commit is checked out into a temporary git worktree; each round runs th
 tree (this checkout), each a fresh process with PYTHONPATH on its own src/, after one untimed round of each. The
 result JSON's `train_seconds` of each process (the recipe's timed region) is compared: mean ± std per side, the
 difference with its 95% CI, Welch's p-value and the ratio of means (95% CI). What it answers: does a change cost
-the single-process path anything (issue 7, must-show 6)?
+the single-process path anything?
 """
 
 from __future__ import annotations

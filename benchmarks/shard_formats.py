@@ -1,4 +1,4 @@
-"""Which shard format should `speedrun data prepare` write (issue 9)? WebDataset tar shards, LitData chunks, and
+"""Which shard format should `speedrun data prepare` write? WebDataset tar shards, LitData chunks, and
 the same tar shards with speedrun's index of byte offsets (data/shards.py).
 
     python benchmarks/shard_formats.py --src ../shared/datasets/imagenet-sample/val --runs 5 \

@@ -8,7 +8,7 @@ Each kind of result has its own table: `speedrun train --json` results go betwee
 field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
 scripts' own markdown(); `speedrun bench-loader --json` reports between `<!-- bench_loader:begin -->` ...,
 rendered by speedrun.instruments.bench_loader.markdown(). --write replaces the marked sections of the kinds given, so the
-numbers in BENCHMARKS.md are generated from stored results, never typed by hand (STYLE.md habit 6).
+numbers in BENCHMARKS.md are generated from stored results, never typed by hand.
 """
 
 from __future__ import annotations

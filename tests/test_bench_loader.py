@@ -1,5 +1,5 @@
 """`speedrun bench-loader`: both pipelines measured, one row per setting, interleaved order, images counted,
-one-line errors, and the JSON report read back and rendered. No assertion on time (STYLE.md: benchmarks measure,
+one-line errors, and the JSON report read back and rendered. No assertion on time (benchmarks measure,
 tests check)."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_train_writes_the_json_contract(tmp_path):
 
 
 def test_console_script_runs_and_prints_tables(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *TINY, "--json", str(tmp_path / "r.json")],
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "device: cpu" in proc.stderr and "run 1/1" in proc.stderr and "test acc %" in proc.stdout

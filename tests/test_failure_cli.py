@@ -159,7 +159,7 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys, tmp_path):
 
 
 def test_version():
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "--version"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("speedrun 0.")
 
 
@@ -218,7 +218,7 @@ def test_sigterm_keeps_finished_runs_and_exits_143(tmp_path):
     out = tmp_path / "r.json"
     argv = ["--dataset", "synthetic:train=2048,test=256", "--device", "cpu", "--epochs", "2", "--runs", "50",
             "--set", "batch_size=64", "--set", "widths=16,32,32", "--json", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli.program", "train", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli", "train", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until the file holds a finished run
@@ -338,7 +338,7 @@ def test_quiet_prints_the_summary_and_n1_shows_no_spread(capsys, tmp_path):
 
 
 def test_piped_output_keeps_progress_and_does_not_wrap(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *TINY, "--epochs", "2",
+    proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--epochs", "2",
                            "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "run 1/1: step 8/8 (100%)" in proc.stderr  # plain progress lines instead of a lost bar

@@ -70,7 +70,7 @@ def test_an_interrupt_leaves_dst_as_it_was_and_no_process_behind(stop, tmp_path)
     if not IMAGENET_SAMPLE.is_dir():
         pytest.skip(f"{IMAGENET_SAMPLE} not present")
     dst = tmp_path / "dst"
-    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli.program", "data", "prepare", str(IMAGENET_SAMPLE), str(dst),
+    proc = subprocess.Popen([sys.executable, "-m", "speedrun.cli", "data", "prepare", str(IMAGENET_SAMPLE), str(dst),
                              "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

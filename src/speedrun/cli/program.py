@@ -172,7 +172,7 @@ def _peer_lost(exc: BaseException) -> bool:
 
 
 def entry() -> int:
-    """The `speedrun` program (console script and `python -m speedrun.cli.program`): main(), then, after an
+    """The `speedrun` program (console script and `python -m speedrun.cli`): main(), then, after an
     interrupt, no more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice)
     would otherwise interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and
     embedding programs call in their own process, whose children would inherit the ignored signals."""

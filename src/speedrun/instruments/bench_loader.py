@@ -1,5 +1,5 @@
-"""`speedrun bench-loader DIR`: the images/s of the input path alone (issue 9), prepared shards against a plain
-Pillow + DataLoader pipeline over the original JPEGs.
+"""`speedrun bench-loader DIR`: the images/s of the input path alone, prepared shards against a plain Pillow +
+DataLoader pipeline over the original JPEGs.
 
 - Ours: data/shard_loader.py's ShardLoader over DIR (what `speedrun data prepare` wrote): workers read a sample
   with one pread and decode it to a `decode_px` square; random-resized crop, flip and standardization on the

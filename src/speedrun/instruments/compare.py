@@ -3,9 +3,9 @@
 A and B are stored results: a number (`#ID` from `speedrun results`) or a result JSON file. A is the baseline.
 For test accuracy and timed seconds, over the finished runs of each: mean ± std, B - A with its 95% Welch
 interval, Welch's two-sided p (scipy.stats through stats.py), and B / A with its 95% interval (delta method).
-A claimed speedup needs its p (STYLE.md habit 5): with fewer than two runs a side there is no spread, and the
-table says n/a rather than a number. Settings that make the two incomparable (recipe, dataset, device, a smoke
-test) are named above the table. The comparison is stored in the results database as a report.
+A claimed speedup needs its p: with fewer than two runs a side there is no spread, and the table says n/a rather
+than a number. Settings that make the two incomparable (recipe, dataset, device, a smoke test) are named above the
+table. The comparison is stored in the results database as a report.
 """
 
 from __future__ import annotations

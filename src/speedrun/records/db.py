@@ -1,4 +1,4 @@
-"""The results database (issue 8): every result JSON in one SQLite file, beside the columns queries filter on.
+"""The results database: every result JSON in one SQLite file, beside the columns queries filter on.
 
 Writers lock first (BEGIN IMMEDIATE, WAL mode) and wait up to BUSY_TIMEOUT_S; PRAGMA user_version is the schema.
 """
@@ -45,7 +45,7 @@ MIGRATIONS = [
     json TEXT NOT NULL);
 CREATE INDEX results_recipe ON results (recipe, dataset);
 """,
-    # 2 (issue 8): provenance, timings, cost, a row per run, reports; rows backfilled, exact duplicates dropped.
+    # 2: provenance, timings, cost, a row per run, reports; rows backfilled, exact duplicates dropped.
     "".join(f"ALTER TABLE results ADD COLUMN {column} {sql_type};\n" for column, sql_type in
             [("source", "TEXT"), ("sha256", "TEXT"), ("cost", "REAL")]
             + [(column, _SQL_TYPE[types]) for column, _, types in V2_FIELDS])

@@ -1,10 +1,11 @@
-"""Trained models a user keeps: `speedrun train --save PATH` writes PATH.safetensors + PATH.json (saved_files.py
+"""Trained models a user keeps: `speedrun train --save PATH` writes PATH.safetensors + PATH.json (model_files.py
 describes both and how they are checked); `speedrun.load(PATH)` gives a TrainedModel that takes images and names
 classes; `speedrun eval` scores it on a dataset and `speedrun predict` on image files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ from torch import nn
 from speedrun._version import __version__
 from speedrun.run import model_files as files
 from speedrun.data import folder
+from speedrun import dist
 from speedrun.dist import unwrap
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
@@ -121,7 +123,7 @@ class TrainedModel(nn.Module):
 
 
 def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
-    """Write PATH.safetensors and PATH.json (card: see saved_files.py), neither replacing a file; returns
+    """Write PATH.safetensors and PATH.json (card: see model_files.py), neither replacing a file; returns
     "PATH.safetensors + PATH.json". The runner calls it on rank 0 with the bare or wrapped network."""
     weights, card_path = model_paths(check_save_path(path))
     # A fresh contiguous CPU copy of each tensor: channels_last or shared storage would not save as they are.
@@ -132,7 +134,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     if isinstance(full.get("accuracy"), float) and not math.isfinite(full["accuracy"]):
         full["accuracy"] = None  # JSON has no NaN
     if isinstance(full.get("dataset"), bytes):
-        full["dataset"] = os.fsdecode(full["dataset"])  # a bytes path (runs.py passes os.fspath(dataset))
+        full["dataset"] = os.fsdecode(full["dataset"])  # a bytes path (the runner passes os.fspath(dataset))
     try:  # what load() would refuse is never written
         files.match_state(files.expected_state(files.parse_card({**full, "weights_sha256": "0" * 64})), tensors)
     except files.Unusable as e:
@@ -142,9 +144,31 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     return f"{printable(str(weights))} + {printable(card_path.name)}"
 
 
+def check_save(save, world: dist.World, json_path=None) -> Path | None:
+    """--save checked before any work: rank 0 checks the path it will write (under torchrun its refusal ends the
+    other processes too: call this after dist.init), and the model's files must not take the result file's name."""
+    if save is None:
+        return None
+    save_path = dist.main_first(world, lambda: check_save_path(save), everyone=False)
+    save_path = save_path if world.is_main else Path(os.fspath(save))
+    if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
+            p.resolve() for p in model_paths(save)]:
+        raise ValueError(f"--save {printable(os.fspath(save))} would write the result file's name "
+                         f"({printable(os.fspath(json_path))}); choose another --save or --json")
+    return save_path
+
+
+def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset: str, run) -> str:
+    """The last run's network saved with its card: the family's card plus the recipe, config, data and the run's
+    accuracy and seed."""
+    card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
+            "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}
+    return save_model(path, unwrap(model), card)
+
+
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
     """`speedrun.load(PATH)`: the model saved at PATH (PATH, PATH.safetensors or PATH.json), checked as
-    saved_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
+    model_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
     weights, card_path = model_paths(path)
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     try:

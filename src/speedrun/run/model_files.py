@@ -1,4 +1,4 @@
-"""The two files of a saved model (saved.py): their paths, the card's checks, and reading and writing them.
+"""The two files of a saved model (export.py): their paths, the card's checks, and reading and writing them.
 
 PATH.safetensors holds the network's state_dict. PATH.json, the card, holds what makes it a classifier: the recipe
 and its whole config (which build the network), the class names, the input shape, the normalization and the TTA

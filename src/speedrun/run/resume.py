@@ -1,7 +1,7 @@
-"""Checkpoints, resume and the saved model, as the runner (runs.py) uses them: which checkpoint to continue from,
-whether it fits this run, when to save, and where the result and the trained network go.
+"""Checkpoints and resume, as the runner (run/runner.py) uses them: which checkpoint to continue from, whether it
+fits this run, when to save, and which result file a resumed command continues.
 
-The file format (safetensors, checksummed, atomic, never unpickled) is checkpoint.py's; what a family's training
+The file format (safetensors, checksummed, atomic, never unpickled) is engine/checkpoint.py's; what a family's training
 state holds is the family's TrainState. This module joins them to a multi-run command:
 - a checkpoint's metadata carries the recipe, config, data signature and first seed (which must match to resume),
   the run index and step, the runs finished before it (so a resumed command keeps them), and the result file;
@@ -36,12 +36,10 @@ class Plan:
     every_steps: int | None
     keep: int
     resume: str | None  # "auto", a checkpoint path, or None
-    save_path: Path | None  # the saved model's stem (saved.model_paths)
 
     @classmethod
-    def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, save, world: dist.World,
-             json_path=None) -> Plan:
-        """The flags checked together, before any work; rank 0 checks the paths it will write, and under torchrun
+    def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, world: dist.World) -> Plan:
+        """The flags checked together, before any work; rank 0 checks the folder it will write, and under torchrun
         its refusal ends the other processes too (dist.main_first: call this after dist.init)."""
         directory = None if checkpoint_dir is None else Path(os.fspath(checkpoint_dir)).expanduser()
         resume = None if resume is None else os.fspath(resume)
@@ -56,29 +54,17 @@ class Plan:
             resume = "auto"  # torchrun restarted the worker group: continue where the last checkpoint left off
         if checkpoint_dir is not None and not os.fspath(checkpoint_dir).strip():  # Path("") would mean "."
             raise ValueError("--checkpoint-dir is empty; give a folder")
-        def check_paths():  # rank 0's: it writes them
+
+        def check_folder():  # rank 0's: it writes there
             if directory is not None:
                 _check_writable_dir(directory)
                 if resume is None and list_checkpoints(directory):
                     raise ValueError(f"{printable(str(directory))} already holds checkpoints (of another command, or "
                                      "an earlier one of this); add --resume auto to continue from them, or choose a "
                                      "new --checkpoint-dir")
-            if save is not None:
-                from speedrun.run import export as saved
 
-                return saved.check_save_path(save)
-            return None
-
-        save_path = dist.main_first(world, check_paths, everyone=False)
-        if save is not None:
-            from speedrun.run import export as saved
-
-            save_path = save_path if world.is_main else Path(os.fspath(save))
-            if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
-                    p.resolve() for p in saved.model_paths(save)]:
-                raise ValueError(f"--save {printable(os.fspath(save))} would write the result file's name "
-                                 f"({printable(os.fspath(json_path))}); choose another --save or --json")
-        return cls(directory, every_steps, keep, resume, save_path)
+        dist.main_first(world, check_folder, everyone=False)
+        return cls(directory, every_steps, keep, resume)
 
     def find(self, world: dist.World, log: Callable[[str], None]) -> Found | None:
         """The checkpoint to resume: rank 0 chooses (the newest usable one), every process loads that file."""
@@ -152,15 +138,6 @@ class Plan:
             return None
         return Checkpoints(self.directory, self.every_steps, self.keep, world,
                            {**meta, "result_path": None if result_path is None else str(Path(result_path).resolve())})
-
-    def save_model(self, model, card: dict, recipe, cfg, dataset: str, run: RunResult) -> str:
-        import dataclasses
-
-        from speedrun.run import export as saved
-
-        card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
-                "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}
-        return saved.save_model(self.save_path, dist.unwrap(model), card)
 
 
 def _as_json(value):

@@ -1,6 +1,25 @@
-"""The cifar family: airbench-class networks trained from an in-memory dataset on the device (recipes cifar10-94,
--94-muon, -95, -96). This module is the family as the registry and the runner see it (recipes/family.py's
-Family): config.py holds the settings and variants, data.py loads and checks the data, loop.py trains one run."""
+"""CIFAR speedrun recipes: airbench-class networks trained to 94%, 95% and 96% on CIFAR-10 in seconds.
+
+Target and claim, each a published result (theirs, on an A100):
+  cifar10-94       94% mean test accuracy (with TTA). Descends from airbench94 (Jordan, arXiv 2404.00498:
+                   94.01%, n=1000, 3.83 s on an A100), itself from hlb-CIFAR10 and Page's ResNet-9 posts
+                   ("How to train your ResNet", Myrtle.ai 2018).
+  cifar10-94-muon  the same target with Muon on the conv filters (airbench94_muon: 2.59 s, A100).
+  cifar10-95       airbench95's widths and schedule (95.01%, n=200, 10.4 s, A100).
+  cifar10-96       airbench96 (improved): three convs per group with a residual, translate 4 + cutout 12
+                   (96.03%, 34.7 s, A100).
+  What speedrun has measured of them, and on what, is in BENCHMARKS.md.
+
+Everything is written from the published descriptions; each trick is a named function in speedrun/tricks/ and
+a field of CifarConfig, so every trick is an ablation axis (`--set lookahead=false`).
+
+Timed region (as airbench): from the patch-whitening initialization to the end of the TTA evaluation, with
+device synchronization. Data loading, the upload to the device, per-epoch evaluations for the table and the
+compile warm-up run are outside it and reported separately.
+
+The family as the registry and the runner see it (recipes/family.py's Family): config.py holds the settings and
+variants, data.py loads and checks the data, loop.py trains one run.
+"""
 
 from speedrun.recipes.cifar.config import (MAY_DIFFER_ON_RESUME, CifarConfig, cifar10_94, cifar10_94_muon,
                                           cifar10_95, cifar10_96, final_evaluation, timed_region)

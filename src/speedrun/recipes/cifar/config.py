@@ -135,7 +135,7 @@ def cifar10_94() -> CifarConfig:
 
 
 def cifar10_94_muon() -> CifarConfig:
-    # airbench94_muon (REFERENCES.md): batch 2000, 8 epochs, lrs decay linearly to 0, no Lookahead,
+    # airbench94_muon (KellerJordan/cifar10-airbench): batch 2000, 8 epochs, lrs decay linearly to 0, no Lookahead,
     # head output divided by its width.
     return dataclasses.replace(CifarConfig(), optimizer="muon", batch_size=2000, epochs=8.0, lookahead=False,
                                lr_start_mult=1.0, lr_peak_frac=0.0, lr_end_mult=0.0, logit_scale=1 / 256)

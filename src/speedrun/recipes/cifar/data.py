@@ -85,7 +85,7 @@ def data_signature(data: Dataset) -> dict:
 
 
 def model_card(cfg: CifarConfig, data: Dataset) -> dict:
-    """What a saved model needs besides its weights to take images and name classes (saved.py)."""
+    """What a saved model needs besides its weights to take images and name classes (run/export.py)."""
     mean, std = channel_stats(data.train_images)
     return {"classes": list(data.classes), "image_shape": list(data.image_shape), "mean": mean.tolist(),
             "std": std.tolist(), "tta_level": cfg.tta_level}

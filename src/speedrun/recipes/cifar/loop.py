@@ -1,24 +1,6 @@
-"""CIFAR speedrun recipes: airbench-class networks trained to 94%, 95% and 96% on CIFAR-10 in seconds.
-
-Target and claim (STYLE.md habit 1):
-  cifar10-94       94% mean test accuracy (with TTA). Descends from airbench94 (Jordan, arXiv 2404.00498:
-                   94.01%, n=1000, 3.83 s on an A100), itself from hlb-CIFAR10 and Page's ResNet-9 posts.
-  cifar10-94-muon  the same target with Muon on the conv filters (airbench94_muon: 2.59 s, A100).
-  cifar10-95       airbench95's widths and schedule (95.01%, n=200, 10.4 s, A100).
-  cifar10-96       airbench96 (improved): three convs per group with a residual, translate 4 + cutout 12
-                   (96.03%, 34.7 s, A100).
-  Measured here (BENCHMARKS.md; data: the lossy JPEG copy of CIFAR-10, torch 2.13 CPU, fp32, 2 cores):
-                   cifar10-94 90.65% (n=1) in 54 min; with --epochs 1, 66.75 +- 0.62% (n=3).
-                   Not yet on a GPU: the side-by-side run against airbench94 (benchmarks/vs_airbench.py) is
-                   pending, so no speed or 94% claim is made yet.
-
-Everything is written from the published descriptions; each trick is a named function in speedrun/tricks/ and
-a field of CifarConfig, so every trick is an ablation axis (`--set lookahead=false`).
-
-Timed region (as airbench): from the patch-whitening initialization to the end of the TTA evaluation, with
-device synchronization. Data loading, the upload to the device, per-epoch evaluations for the table and the
-compile warm-up run are outside it and reported separately.
-"""
+"""The cifar family's training loop: build the network and optimizers, then one run written out top to bottom
+(whitening init, steps with the triangle schedule and Lookahead, the TTA evaluation) with the engine's shared
+bookkeeping (engine/loop.py: timer, finite-loss guard, table rows and checkpoints)."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ class ImagenetConfig(SystemConfig):
                 raise ValueError(f"bad config: {message}")
 
 
-# FFCV's published results (REFERENCES.md), theirs, beside each budget: (top-1, minutes, hardware).
+# FFCV's published results (libffcv/ffcv-imagenet), theirs, beside each budget: (top-1, minutes, hardware).
 FFCV_REFERENCE = {
     18: {16: (0.669, 35.0), 24: (0.688, 51.6), 32: (0.700, 68.9), 40: (0.706, 85.5), 88: (0.724, 187.3)},
     50: {16: (0.738, 14.9), 24: (0.756, 21.7), 32: (0.766, 28.7), 40: (0.772, 35.6), 88: (0.784, 77.2)},

@@ -165,7 +165,7 @@ def _synthetic_shards(cache: Path, log) -> Path:
         write_synthetic_shards(own, 640, 160)
         own.chmod(0o755)  # mkdtemp's folder is private; a cache is as readable as its data
         if root.is_dir() and not _whole(root):
-            shutil.rmtree(root)  # left by an older version, which wrote in place, or damaged (copies are equal)
+            shutil.rmtree(root)  # written in place by another writer, or damaged (whole copies are equal)
         try:
             own.rename(root)
         except OSError:

@@ -1,0 +1,177 @@
+"""What one train command keeps and shows: the Result (the JSON written by --json), rewritten after every run so
+that a crash keeps the runs that ended; the database row; the summary; and, when a run fails or is interrupted
+part way, the finished runs, written whole before the command ends."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from speedrun import dist
+from speedrun.engine.loop import RunResult, signals_held
+from speedrun.errors import note_kept, warn
+from speedrun.records import cost
+from speedrun.records import db as results_db
+from speedrun.records.result_file import portable, write_json
+from speedrun.records.stats import summarize
+from speedrun.run.display import Display
+
+
+@dataclass
+class Result:
+    """What a multi-run training returns; `to_dict()` is the JSON written by --json.
+
+    `runs` holds every run that ended, diverged ones included (their accuracy is None); the statistics cover the
+    runs that finished.
+    """
+
+    recipe: str
+    dataset: str
+    device: str
+    config: dict
+    runs: list[RunResult]
+    environment: dict
+    data_seconds: float = 0.0  # loading/decoding the dataset (untimed)
+    warmup_seconds: float = 0.0  # the untimed warm-up run (compile, cuDNN autotune)
+    interrupted: bool = False
+    complete: bool = False  # every requested run ended (a file with complete=false was cut off)
+    runs_requested: int = 0
+    smoke_test: bool = False
+    image_size: int | None = None
+    command: str | None = None  # the exact command line, when run from the CLI
+    timed_region: str = ""  # what train_seconds covers (the family's timed_region(cfg))
+    world: dict = field(default_factory=lambda: dist.World().to_dict())  # processes, nodes, backend, restarts
+    resumed_from: list[str] = field(default_factory=list)  # checkpoints this result continued from
+    saved_model: str | None = None  # --save: the trained network's files
+    wall_seconds: float = 0.0  # the whole command: settings, data, warm-up, every run, writing
+    price: cost.Price | None = None  # of one device-hour (cost.py); None: no cost is shown
+    model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
+
+    @property
+    def finished(self) -> list[RunResult]:
+        return [r for r in self.runs if r.diverged is None]
+
+    @property
+    def diverged_runs(self) -> int:
+        return len(self.runs) - len(self.finished)
+
+    @property
+    def accuracies(self) -> list[float]:
+        return [r.accuracy for r in self.finished]
+
+    @property
+    def mean_accuracy(self) -> float | None:
+        return summarize(self.accuracies).mean if self.finished else None
+
+    @property
+    def std_accuracy(self) -> float | None:
+        """None with fewer than two finished runs: one run has no spread."""
+        return summarize(self.accuracies).std if self.finished else None
+
+    @property
+    def target_accuracy(self) -> float:
+        return self.config["target_accuracy"]
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Share of finished runs reaching the recipe's target accuracy."""
+        return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished) if self.finished else None
+
+    def costs(self) -> dict | None:
+        """US dollars: the mean timed region of a run, and the whole command, on every process's device."""
+        if self.price is None:
+            return None
+        devices = self.world.get("processes", 1)
+        timed = summarize([r.train_seconds for r in self.finished]).mean if self.finished else None
+        return {**self.price.to_dict(), "devices": devices,
+                "timed_usd_per_run": cost.dollars(timed, self.price, devices),
+                "wall_usd": cost.dollars(self.wall_seconds, self.price, devices)}
+
+    def to_dict(self) -> dict:
+        acc = summarize(self.accuracies).to_dict() if self.finished else None
+        secs = summarize([r.train_seconds for r in self.finished]).to_dict() if self.finished else None
+        return {
+            "recipe": self.recipe, "dataset": self.dataset, "device": self.device, "command": self.command,
+            "smoke_test": self.smoke_test,
+            "mean_accuracy": self.mean_accuracy, "std_accuracy": self.std_accuracy, "n": len(self.finished),
+            "accuracy": acc, "train_seconds": secs,
+            "target_accuracy": self.target_accuracy, "hit_rate": self.hit_rate,
+            "timed_region": self.timed_region,
+            "data_seconds": self.data_seconds, "warmup_seconds": self.warmup_seconds,
+            "complete": self.complete, "interrupted": self.interrupted, "runs_requested": self.runs_requested,
+            "diverged_runs": self.diverged_runs, "image_size": self.image_size,
+            "world": self.world, "resumed_from": self.resumed_from, "saved_model": self.saved_model,
+            "wall_seconds": self.wall_seconds, "cost": self.costs(),
+            "seeds": [r.seed for r in self.runs],
+            "runs": [r.to_dict() for r in self.runs], "config": self.config,
+            "environment": self.environment,
+        }
+
+
+class Session:
+    """The outputs of one train command around its runs. Only rank 0 writes (under torchrun every process holds
+    one, and the others' writes are no-ops)."""
+
+    def __init__(self, result: Result, *, json_path: Path | str | None, database: sqlite3.Connection | None,
+                 db, world: dist.World, show: Display, began: float):
+        self.result, self.json_path, self.database, self.db = result, json_path, database, db
+        self.world, self.show, self.began = world, show, began
+        self.written = False
+
+    def save(self) -> None:
+        """The result file as it stands (after every run: a crash or kill later keeps this one)."""
+        self.result.wall_seconds = time.perf_counter() - self.began
+        if self.json_path is not None and self.world.is_main:
+            write_json(self.json_path, self.result.to_dict())
+            self.written = True
+
+    def store(self) -> None:
+        """The final result (complete or not) into the database too, as the JSON file has it."""
+        if self.database is None:
+            return
+        try:
+            stored = results_db.insert_result(self.database, portable(self.result.to_dict()),
+                                              source=str(self.json_path))
+            self.show.line(f"stored in {self.db} as #{stored}")
+        except (ValueError, OSError, sqlite3.Error) as e:
+            warn(f"the result was not stored in the database {self.db} ({e}); it is in {self.json_path}; "
+                 "`speedrun results import` adds it later")
+
+    def report(self) -> None:
+        self.show.summary(self.result)
+        if self.json_path is not None:
+            self.show.line(f"result: {self.json_path}")
+
+    def keep_interrupted(self, interrupt: BaseException, checkpoint_dir: Path | None) -> None:
+        """Ctrl-C or SIGTERM: the finished runs written and stored, and what the CLI's last line says (how many
+        runs were kept, where, and the checkpoint to continue from)."""
+        result = self.result
+        result.interrupted = True
+        interrupt.runs_kept = len(result.runs)
+        interrupt.result_path = self.json_path if result.runs else None
+        interrupt.checkpoint_dir = checkpoint_dir
+        if not result.runs:
+            return
+        self.show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
+        with signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
+            self.save()
+            self.store()
+        self.report()
+
+    def keep_failed(self, failure: BaseException) -> None:
+        """An error after some runs ended (a later run, saving the model): those runs are kept too, and the one
+        line says where (errors.note_kept)."""
+        if not self.result.runs:
+            return
+        with signals_held():
+            with contextlib.suppress(Exception):  # the first failure is the one to report
+                self.save()
+            self.store()
+        if self.world.is_main:  # the others keep nothing (and their line, if any, says so)
+            where = self.json_path if self.written else self.db if self.database else None
+            note_kept(failure, len(self.result.runs), where)
