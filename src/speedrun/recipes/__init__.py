@@ -31,7 +31,8 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-FAMILIES = {"cifar": "speedrun.recipes.cifar", "imagenet": "speedrun.recipes.imagenet"}
+FAMILIES = {"cifar": "speedrun.recipes.cifar", "imagenet": "speedrun.recipes.imagenet",
+            "cifar_resnet": "speedrun.recipes.cifar_resnet"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ RECIPES = {r.name: r for r in [
     Recipe("cifar10-95", "cifar", "cifar10_95", "cifar10", "widths 128/384/384, 15 epochs: 95%"),
     Recipe("cifar10-96", "cifar", "cifar10_96", "cifar10",
            "residual groups 128/384/512, translate 4 + cutout 12, 37 epochs: 96%"),
+    Recipe("cifar10-resnet18", "cifar_resnet", "cifar10_resnet18", "cifar10",
+           "ResNet-18 with airbench's tricks, 15 epochs (kuangliu/pytorch-cifar's 93.02% in 350: theirs)"),
     *[Recipe(f"imagenet-resnet{depth}" + ("" if epochs == 16 else f"-{epochs}"), "imagenet",
              f"resnet{depth}_{epochs}", "", f"ResNet-{depth}, {epochs} epochs, 160->192 px (FFCV's config: "
              f"{top1}% top-1, theirs)")

@@ -1,0 +1,137 @@
+"""The cifar_resnet family's answers to the runner (recipes/family.py's Family): data, checks, the smoke test,
+notes, what a checkpoint and a saved model must agree on, and the tricks `speedrun ablate` switches off. The data
+is the cifar family's kind: a whole dataset in memory, from data.sources, trained from data.loader.DeviceLoader."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import torch
+
+from speedrun import dist
+from speedrun.data import limits
+from speedrun.data.dataset import Dataset
+from speedrun.data.loader import channel_stats, steps_for
+from speedrun.data.sources import load_dataset
+from speedrun.recipes.cifar_resnet.config import ResnetConfig
+from speedrun.recipes.cifar_resnet.model import memory_lower_bound
+
+# --smoke: a check that the whole pipeline runs, in seconds even on a CPU; its accuracy means nothing.
+SMOKE_STEPS = 4
+SMOKE_TEST_IMAGES = 1000
+
+
+def load_data(dataset: str, *, data_dir, image_size, log) -> Dataset:
+    return load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=log)
+
+
+def describe(data: Dataset) -> str:
+    c, h, w = data.image_shape
+    return (f"{data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, {c}x{h}x{w}, "
+            f"{data.num_classes} classes")
+
+
+def with_epochs(cfg: ResnetConfig, epochs: float) -> ResnetConfig:
+    """cfg with `epochs`; nothing else needs scaling: the lr schedule (either) and Lookahead's ramp are defined
+    in fractions of the run."""
+    return dataclasses.replace(cfg, epochs=epochs)
+
+
+def smoke(cfg: ResnetConfig, data: Dataset) -> tuple[ResnetConfig, Dataset]:
+    """SMOKE_STEPS steps, no TTA, no per-epoch evaluation, and the first SMOKE_TEST_IMAGES of a fixed random order
+    of the test set (test folders are class-ordered)."""
+    cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False)
+    if len(data.test_labels) > SMOKE_TEST_IMAGES:
+        pick = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))[:SMOKE_TEST_IMAGES]
+        data = dataclasses.replace(data, test_images=data.test_images[pick], test_labels=data.test_labels[pick])
+    return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / len(data.train_labels))), data
+
+
+def notes(cfg: ResnetConfig, data: Dataset, smoke: bool = False) -> list[str]:
+    """What a smoke test is; else a line when scoring the test set is more work than training (short CPU runs),
+    with the quicker path."""
+    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
+    if smoke:
+        return [f"smoke test: {steps} step(s), {len(data.test_labels)} test images, no TTA: this checks that the "
+                "pipeline runs; its accuracy is not a result"]
+    views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
+    n_test = len(data.test_labels)
+    eval_passes = n_test * views + (n_test * math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
+    train_passes = 3 * steps * cfg.batch_size  # a training step costs about three forward passes
+    if eval_passes <= train_passes:
+        return []
+    return [f"note: scoring {n_test} test images x {views} TTA view(s) is more work than the training itself "
+            f"({steps} step(s) of {cfg.batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]
+
+
+def check(cfg: ResnetConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
+    """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA."""
+    dist.check(cfg.batch_size, world, device, cfg.sync_bn)
+    return check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels), data.num_classes, device)
+
+
+def check_data(cfg: ResnetConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,
+               num_classes: int, device: torch.device | None = None) -> list[str]:
+    """Refuse (ValueError) a config that cannot train on data of this shape; return warnings for odd but valid ones.
+    Any image side fits the network (model.CifarResNet); the crop and the memory are what can fail."""
+    c, h, w = image_shape
+    side = min(h, w)
+    if cfg.translate_px > side - 1:  # reflect padding must be narrower than the image (data/augment.py)
+        raise ValueError(f"translate_px={cfg.translate_px} does not fit {h}x{w} images; use at most {side - 1}")
+    if cfg.whiten_init and side < 3:  # the whitening filters are the stem's 3x3 patches
+        raise ValueError(f"whiten_init needs images of at least 3x3 px, got {h}x{w}; use --set whiten_init=false")
+    param_bytes, train_bytes, eval_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths, cfg.batch_size,
+                                                              min(cfg.eval_batch_size, num_test))
+    # whiten_init: every 3x3 patch of the sample as a float64 row, copied out by the reshape (tricks/whitening.py)
+    patch_bytes = 8 * min(cfg.whiten_images, num_train) * (h - 2) * (w - 2) * c * 9 if cfg.whiten_init else 0
+    fix = ("lower batch_size, eval_batch_size, widths or whiten_images (--set batch_size=... / eval_batch_size=... / "
+           "widths=... / whiten_images=...)")
+    # The net is built on the host first; on an accelerator the activations live there, and its allocator reports
+    # running out with an error of its own (a one-line message from the CLI), unlike the host's OOM killer.
+    on_host = device is None or device.type == "cpu"
+    limits.check_memory(param_bytes + (max(train_bytes, eval_bytes, patch_bytes) if on_host else 0),
+                        f"this net ({cfg.widths}, batch {cfg.batch_size}, eval batch {cfg.eval_batch_size}, {h}x{w} "
+                        "images)", fix)
+    notes = []
+    if cfg.batch_size > num_train:
+        notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
+                     f"repeats images, and {math.ceil(cfg.epochs * num_train / cfg.batch_size)} step(s) will not "
+                     f"train a network; lower batch_size (--set batch_size=...)")
+    return notes
+
+
+def data_signature(data: Dataset) -> dict:
+    """What a checkpoint must have been trained on to be resumed with this data: sizes, and a SHA-256 of every
+    image and label (the same counts of other images must not pass)."""
+    h = hashlib.sha256()
+    for t in (data.train_images, data.train_labels, data.test_images, data.test_labels):
+        h.update(t.contiguous().numpy().data)
+    return {"name": data.name, "image_shape": list(data.image_shape), "num_train": len(data.train_labels),
+            "num_test": len(data.test_labels), "num_classes": data.num_classes, "sha256": h.hexdigest()}
+
+
+def model_card(cfg: ResnetConfig, data: Dataset) -> dict:
+    """What a saved model needs besides its weights to take images and name classes (run/export.py): the training
+    set's channel statistics, which the loop normalizes with, and the TTA it was scored with."""
+    mean, std = channel_stats(data.train_images)
+    return {"classes": list(data.classes), "image_shape": list(data.image_shape), "mean": mean.tolist(),
+            "std": std.tolist(), "tta_level": cfg.tta_level}
+
+
+# Every trick of the family as (config key, its "off" value, what it is): the one place `speedrun ablate` reads.
+# Each off value is what kuangliu/pytorch-cifar's published run does instead (or, for the device-side settings,
+# the plain fp32 / contiguous / eager way every family shares).
+TRICKS: list[tuple[str, object, str]] = [
+    ("whiten_init", False, "patch-whitening init of the stem conv (model.whiten_stem_, tricks/whitening.py)"),
+    ("label_smoothing", 0.0, "label smoothing (tricks/label_smoothing.py)"),
+    ("flip", "random", "alternating flip instead of random flip (data/augment.py)"),
+    ("lookahead", False, "Lookahead / EMA of the weights (tricks/lookahead.py)"),
+    ("tta_level", 0, "test-time augmentation (tricks/tta.py)"),
+    ("lr_schedule", "step", "airbench's triangular schedule instead of the published step drops (tricks/schedule.py)"),
+    ("nesterov", False, "Nesterov momentum instead of the published heavy-ball momentum"),
+    ("channels_last", "off", "channels_last memory layout (speed)"),
+    ("compile", False, "torch.compile (speed)"),
+    ("precision", "fp32", "bf16 autocast (speed; fp32 is already the CPU's)"),
+]
