@@ -106,7 +106,7 @@ def seek_litdata(root: Path, index: int) -> None:
 
 def markdown(report: dict) -> str:
     """BENCHMARKS.md's rows (benchmarks/table.py): per format, write time and size, read rates, cold seek."""
-    from speedrun.records.result_file import device_label
+    from speedrun.records.environment import device_label
     from speedrun.records.stats import summarize
 
     env, cmd = report["environment"], report["command"].replace("|", "\\|")
@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
-    from speedrun.records.result_file import environment, write_json
+    from speedrun.records.environment import environment
+    from speedrun.records.result_file import write_json
 
     start = time.perf_counter()
     samples = prepared_samples(args.src, args.max_side, args.quality)

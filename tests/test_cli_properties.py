@@ -1,4 +1,4 @@
-"""Property-based tests of `speedrun train` (issue 6, must-show 1): random flags, keys, values, recipes and datasets.
+"""Property-based tests of `speedrun train`: random flags, keys, values, recipes and datasets.
 
 For every input: either the run starts (exit 0), having passed every check, or the command refuses it with exit 2
 and exactly one line on stderr, no traceback, and no run started. Where the generator knows an input is bad (a

@@ -199,7 +199,7 @@ def test_a_killed_worker_is_restarted_and_the_job_resumes_bitwise_equal(tmp_path
     proc = _start([*elastic, "--checkpoint-dir", "b", "--json", "b.json", "--save", "model_b"], tmp_path)
     _signal_when(proc, tmp_path / "b", 40, lambda: os.kill(_worker_pids(proc.pid)[1], signal.SIGKILL))
     _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-20000:]  # whole: a rare failure (note in issue 8) needs every rank's lines
+    assert proc.returncode == 0, err[-20000:]  # whole: a rare failure needs every rank's lines
     result = json.loads((tmp_path / "b.json").read_text())
     assert result["world"]["restarts"] == 1 and result["complete"] is True
     assert len(result["resumed_from"]) == 1

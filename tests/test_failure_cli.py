@@ -1,4 +1,4 @@
-"""Failure behaviour of `speedrun train` (issue 6): one line and exit 2 before any work, nothing lost, no silent NaN.
+"""Failure behaviour of `speedrun train`: one line and exit 2 before any work, nothing lost, no silent NaN.
 
 Each class of defect is tested with the issue's example and at least one variant.
 """

@@ -1,4 +1,4 @@
-"""Hostile and broken data files (issue 6): bombs stay small, every refusal is one line naming the file and the fix.
+"""Hostile and broken data files: bombs stay small, every refusal is one line naming the file and the fix.
 
 Bombs are built small and fast: a deflate stream of zeros is compressed once per MiB after a full flush, so the same
 ~1 kB block repeats (a 300 MiB payload is a 300 kB file, made in milliseconds, never held in memory). Memory is

@@ -1,4 +1,4 @@
-"""Every class of hostile input of issue 6, end to end through `speedrun train` (must-show 2).
+"""Every class of hostile input, end to end through `speedrun train`.
 
 The readers' own tests (test_hostile_archives.py, test_hostile_folder.py) check each refusal in detail. This one
 runs the command a user types, in a fresh process whose HOME, cache, results and working directories all lie in a

@@ -1,4 +1,4 @@
-"""Hostile image folders (issue 6): every bad file is one ValueError line naming it, bombs stay small in memory,
+"""Hostile image folders: every bad file is one ValueError line naming it, bombs stay small in memory,
 nothing is written outside the cache dir, and a damaged cache is rebuilt with a warning."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 8's instruments for every recipe family and under torchrun: bench, ablate (its waterfall and --to-target)
+"""The instruments for every recipe family and under torchrun: bench, ablate (its waterfall and --to-target)
 on the imagenet family; under torchrun every process trains each run and rank 0 alone stores and writes; the
 commands that do not train refuse to run as K copies."""
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from speedrun.records import result_file as results
-from speedrun.records.result_file import default_result_path, environment, load_result, write_json
+from speedrun.records import environment as environment_mod
+from speedrun.records.environment import environment
+from speedrun.records.result_file import default_result_path, load_result, write_json
 from speedrun.records.stats import summarize
 
 ENV_KEYS = {"python", "platform", "hostname", "torch", "torch_cuda", "cudnn", "device_type", "device_name",
@@ -127,8 +129,8 @@ def test_environment_without_git_or_nvidia_smi(tmp_path, monkeypatch):
     def hung(*args, **kwargs):
         raise subprocess.TimeoutExpired(args[0], 5.0)
 
-    monkeypatch.setattr(results.subprocess, "run", hung)
-    monkeypatch.setattr(results.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(environment_mod.subprocess, "run", hung)
+    monkeypatch.setattr(environment_mod.shutil, "which", lambda name: "/usr/bin/" + name)
     env = environment("cpu")
     assert (env["git_commit"], env["git_dirty"], env["gpu_driver"]) == (None, None, None)
 
@@ -140,12 +142,12 @@ def test_git_state_reads_commit_and_dirty_flag(tmp_path):
                                "-c", "commit.gpgsign=false", *args], check=True, capture_output=True, text=True)
 
     git("init", "-q")
-    assert results.git_state(tmp_path) == (None, None)  # no commit yet
+    assert environment_mod.git_state(tmp_path) == (None, None)  # no commit yet
     (tmp_path / "f.py").write_text("x = 1\n")
     git("add", "f.py")
     git("commit", "-q", "-m", "init", "--no-verify")
     head = git("rev-parse", "HEAD").stdout.strip()
-    assert results.git_state(tmp_path) == (head, False)
+    assert environment_mod.git_state(tmp_path) == (head, False)
     (tmp_path / "f.py").write_text("x = 2\n")
-    assert results.git_state(tmp_path) == (head, True)
-    assert results.git_state(tmp_path / "venv" / "lib" / "site-packages" / "speedrun") == (None, None)
+    assert environment_mod.git_state(tmp_path) == (head, True)
+    assert environment_mod.git_state(tmp_path / "venv" / "lib" / "site-packages" / "speedrun") == (None, None)

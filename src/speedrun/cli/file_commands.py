@@ -10,9 +10,10 @@ import json
 import shlex
 import sys
 
+from speedrun.data.prepare_tree import prepare_tree
 from speedrun.errors import printable
 from speedrun.instruments.compare import METRICS, compare_stored
-from speedrun.records import db as db
+from speedrun.records import db
 from speedrun.records.stats import interval_text, mean_std, ratio_text
 from speedrun.report.publish import publish
 
@@ -100,7 +101,6 @@ def prepare_command(args) -> int:
     """`speedrun data prepare`: prepare_tree with the command's flags, progress and the report on stdout."""
     # The speedrun.data package imports torch (its loaders) when it loads: deferred, so that the other commands
     # of this module load without it.
-    from speedrun.data.prepare_tree import prepare_tree
 
     report = prepare_tree(args.src, args.dst, max_side_px=args.max_side_px, quality=args.quality,
                           workers=args.workers, on_error=args.on_error, log=lambda line: print(line, flush=True))

@@ -1,6 +1,3 @@
-"""Data: sources (download, verify, decode, cache), the on-device loader and batch augmentations."""
-
-from speedrun.data.dataset import Dataset
-from speedrun.data.sources import load_dataset
-
-__all__ = ["Dataset", "load_dataset"]
+"""Data: sources (download, verify, decode, cache), image folders and prepared shards, the on-device loader and its
+batch augmentations. Import the module that does the job (speedrun.data.sources.load_dataset, ...): this package
+imports nothing itself, so that `speedrun data prepare` loads no torch."""

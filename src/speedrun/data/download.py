@@ -20,7 +20,6 @@ from typing import Callable, Iterator
 
 from speedrun.data import limits
 
-
 try:
     import fcntl  # POSIX advisory locks for concurrent downloads; absent on Windows
 except ImportError:  # pragma: no cover - Windows

@@ -20,12 +20,10 @@ import numpy as np
 import torch
 
 from speedrun.data import cifar, folder, idx, limits, synthetic
+from speedrun.data.archive import safe_extract
 from speedrun.data.cache import cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
-from speedrun.data.archive import safe_extract
 from speedrun.data.download import Remote, fetch
-
-
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
 SOURCES: dict[str, Remote] = {**cifar.REMOTES, **idx.REMOTES}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
-                                      set_cudnn_benchmark, to_channels_last)
+                                       set_cudnn_benchmark, to_channels_last)
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 

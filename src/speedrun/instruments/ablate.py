@@ -22,7 +22,7 @@ from speedrun.engine.system import resolve_device
 from speedrun.instruments import bench as benching
 from speedrun.instruments.variants import off_text, split_tricks
 from speedrun.records.stats import mean_diff_test
-from speedrun.run import runner as runner
+from speedrun.run import runner
 
 
 def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:

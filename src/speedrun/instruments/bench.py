@@ -21,11 +21,12 @@ from speedrun.config import check_int, field_types
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device
 from speedrun.errors import note_kept
-from speedrun.records import db as db
-from speedrun.records.result_file import (claim_result_path, default_result_path, environment, portable,
-                                          release_result_path, write_json)
+from speedrun.records import db
+from speedrun.records.environment import environment
+from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
+                                          write_json)
 from speedrun.records.stats import mean_diff_test, summarize
-from speedrun.run import runner as runner
+from speedrun.run import runner
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:

@@ -34,7 +34,7 @@ from speedrun.data.shards import Shards
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
 from speedrun.errors import printable
-from speedrun.records.result_file import device_label, environment
+from speedrun.records.environment import device_label, environment
 from speedrun.records.stats import mean_diff_test, summarize
 
 TIMED_REGION = ("from asking the iterator for a batch to holding it on the device cropped, resized, flipped and "

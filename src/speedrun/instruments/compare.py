@@ -15,7 +15,8 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speedrun.records import db as db
+from speedrun.records import db
+from speedrun.records.result_file import load_result, portable
 from speedrun.records.stats import mean_diff_test, summarize
 
 METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
@@ -23,8 +24,6 @@ METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
 
 def load_ref(ref: str, conn) -> tuple[str, dict]:
     """(label, result) for an id ("12" or "#12") or a JSON file."""
-    # result_file imports torch: deferred, so that `speedrun compare` and the other file commands load without it
-    from speedrun.records.result_file import load_result
 
     if re.fullmatch(r"#?\d{1,18}", ref) and not Path(ref).exists():
         return f"#{ref.lstrip('#')}", db.get_result(conn, int(ref.lstrip("#")))
@@ -91,8 +90,6 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
 def compare_stored(a: str, b: str, *, db_path: str | None = None, command: str) -> tuple[dict, int]:
     """B against baseline A, each a stored result's id or a result JSON (load_ref), and the comparison stored in
     the results database at `db_path` as a report that records `command`: (the comparison, its id)."""
-    # result_file imports torch: deferred, as in load_ref
-    from speedrun.records.result_file import portable
 
     with contextlib.closing(db.connect(db_path)) as conn:
         (la, ra), (lb, rb) = load_ref(a, conn), load_ref(b, conn)

@@ -31,8 +31,8 @@ from speedrun.data.loader import steps_for
 from speedrun.engine.system import resolve_device
 from speedrun.instruments.bench import measured_run, stopped_by
 from speedrun.instruments.variants import off_text, split_tricks
-from speedrun.records.result_file import environment
-from speedrun.run import runner as runner
+from speedrun.records.environment import environment
+from speedrun.run import runner
 
 DEFAULT_PROBES = 5
 # Two: the start and one step away from it. Twenty: more would bisect the 64x range [E0 / 16, 4 * E0] below a step.

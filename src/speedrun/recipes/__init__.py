@@ -4,25 +4,8 @@ A recipe is a named variant of a family's config ("cifar10-94" is the cifar fami
 below is all the runner and the CLI know before a recipe is chosen, so `speedrun train --help` lists the recipes
 without importing torch or any family (timm's registry by name; torchtitan's --module/--config).
 
-A family is one module under speedrun/recipes/ that owns its config, data, model and loop. It provides (the runner
-in runs.py calls nothing else):
-
-    Config                      frozen dataclass of the family's settings; inherits config.SystemConfig (device-side
-                                settings every family shares); `validate()` checks each setting alone
-    timed_region(cfg) -> str    what the timed seconds cover, for the result file and the summary
-    with_epochs(cfg, epochs)    cfg trained for `epochs`, with every epoch-denominated setting scaled alike
-    load_data(dataset, *, data_dir, image_size, log) -> data   (data.num_train: its training examples)
-    describe(data) -> str       one line: name, sizes, shape
-    smoke(cfg, data) -> (cfg, data)           a few steps on a little data: does the pipeline run?
-    check(cfg, data, device, world) -> [str]  refuse (ValueError) what cannot train; warnings for the odd
-    notes(cfg, data, smoke) -> [str]          lines shown before training: what a smoke test is, advice
-    data_signature(data) -> dict              what a checkpoint must agree on with the data it resumes on
-    warmup(cfg, data, device, world) -> float seconds of an untimed run (compile, autotune); 0.0 when skipped
-    train_run(cfg, data, device, seed, *, world, on_step, on_epoch, checkpoints, resume) -> engine.RunResult
-    model_card(cfg, data) -> dict             what a saved model needs besides its weights (saved.py)
-    build_model(cfg, in_channels, num_classes) -> nn.Module
-    MAY_DIFFER_ON_RESUME        config fields a resumed run may change (they do not change what is trained)
-    TRICKS                      [(config key, its "off" value, description)]: every trick, for `speedrun ablate`
+A family is a package under speedrun/recipes/ that owns its config, data, model and loop; what it provides, and
+all that the runner, the instruments, checkpoints and saved models use of it, is the Family protocol in family.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from speedrun.errors import printable
+from speedrun.records.result_file import load_result
 
 BUSY_TIMEOUT_S = 30.0
 _FIX = "give another file with --db PATH or SPEEDRUN_DB"
@@ -311,8 +312,6 @@ def get_result(conn: sqlite3.Connection, id: int) -> dict:
 def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
     """Store each result file; a bad file gets id None and an error, and the others are stored all the same.
     new: False for a file stored before (as #id)."""
-    # result_file imports torch: deferred, so that connecting and querying stay light
-    from speedrun.records.result_file import load_result
 
     done = []
     for path in map(Path, paths):

@@ -1,121 +1,20 @@
-"""The results database: one self-describing JSON file per run, written atomically, never overwritten.
-
-A result records where it came from: git commit and dirty flag, device and driver, torch/CUDA
-versions, then the config and metrics the caller adds. Tables and README records are generated from these files.
-"""
+"""Result files: one self-describing JSON file per command, written atomically, never overwritten, and read back
+with bounded memory (a result file is a file from elsewhere). What a result records of where it ran is
+environment.py's. Tables and README records are generated from these files."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import re
 import stat
-import shutil
-import socket
-import subprocess
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import torch
-
-_SUBPROCESS_TIMEOUT_S = 5.0  # a hung nvidia-smi or git (network filesystem, broken driver) must not stall a run
-
-
-def _run(args: list[str]) -> str | None:
-    """stdout of a command, or None if it is missing, fails or hangs: environment() only ever describes."""
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=_SUBPROCESS_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def git_state(directory: Path) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git work tree holding `directory`, or (None, None) outside one."""
-    # An installed copy (pip install .) has no history of its own, but git would walk up from site-packages and
-    # report whatever repository encloses the virtualenv, e.g. the user's project: that commit is not ours.
-    if any(part in ("site-packages", "dist-packages") for part in directory.parts):
-        return None, None
-    head = _run(["git", "-C", str(directory), "rev-parse", "HEAD"])
-    if head is None or not head.strip():
-        return None, None
-    status = _run(["git", "-C", str(directory), "status", "--porcelain"])
-    return head.strip(), (None if status is None else bool(status.strip()))
-
-
-def _cpu_name() -> str | None:
-    # platform.processor() is just "x86_64" on most Linux distributions; /proc/cpuinfo has the marketing name.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or None
-
-
-def _device_name(device: torch.device) -> str | None:
-    if device.type == "cuda":
-        try:
-            return torch.cuda.get_device_name(device)
-        except (RuntimeError, AssertionError):  # CUDA not built in or no GPU visible: describe, do not fail
-            return None
-    if device.type == "mps":
-        return "Apple MPS"
-    if device.type == "cpu":
-        return _cpu_name()
-    return None
-
-
-def _gpu_driver() -> str | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    lines = [] if out is None else [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[0] if lines else None  # one line per GPU; they share the driver
-
-
-def _speedrun_version() -> str:
-    try:
-        return importlib.metadata.version("speedrun")
-    except importlib.metadata.PackageNotFoundError:  # running from a checkout with PYTHONPATH=src
-        return "0+unknown"
-
-
-def environment(device: torch.device | str) -> dict:
-    """Facts that make a result reproducible and comparable. Never raises for a missing git or nvidia-smi."""
-    device = torch.device(device)
-    commit, dirty = git_state(Path(__file__).resolve().parent)
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "cudnn": cudnn,
-        "device_type": device.type,
-        "device_name": _device_name(device),
-        "cpu_threads": torch.get_num_threads() if device.type == "cpu" else None,
-        "gpu_driver": _gpu_driver(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "speedrun_version": _speedrun_version(),
-        "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def device_label(env: dict) -> str:
-    """The device column of the BENCHMARKS.md tables: 'AMD EPYC (2 threads)' on a CPU, the device name elsewhere."""
-    name = env["device_name"] or env["device_type"]
-    return f"{name} ({env['cpu_threads']} threads)" if env["device_type"] == "cpu" else name
 
 
 def mean_std_text(summary: dict, scale: float = 1.0, digits: int = 2) -> str:
@@ -128,9 +27,11 @@ def _to_json(obj):
     """json.dump's default=: the non-JSON types results carry. Tuples need nothing: json writes them as lists."""
     if isinstance(obj, Path):
         return str(obj)
-    if isinstance(obj, (torch.dtype, torch.device)):
+    # torch's types by name: this module is read by the file commands, which must not import torch
+    kind = (type(obj).__module__.split(".")[0], type(obj).__name__)
+    if kind in (("torch", "dtype"), ("torch", "device")):
         return str(obj)  # "torch.bfloat16", "cuda:0"
-    if isinstance(obj, (np.generic, np.ndarray, torch.Tensor)):
+    if isinstance(obj, (np.generic, np.ndarray)) or kind == ("torch", "Tensor"):
         return obj.tolist()  # numpy scalars and 0-d tensors become Python numbers
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)  # configs and stats.Summary

@@ -11,8 +11,8 @@ import sqlite3
 from datetime import datetime, timezone
 from html import escape
 
+from speedrun.report import charts
 from speedrun.report import queries as rep
-from speedrun.report import charts as charts
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
 h1{font-size:24px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:16px}

@@ -13,8 +13,10 @@ import stat
 from pathlib import Path
 
 from speedrun.errors import printable
-from speedrun.report.queries import (NO_TARGET, ablation_rows, ci_text, newest_reports, p_text, pm_text, provenance,
-    has_reached, clip_text, report_title, waterfall_rows, baseline_text, leaderboards)
+from speedrun.records.result_file import write_text
+from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
+                                     leaderboards, newest_reports, p_text, pm_text, provenance, report_title,
+                                     waterfall_rows)
 
 
 def _md_provenance(report: dict) -> str:
@@ -133,8 +135,6 @@ def prepare_marked(path: str | Path, sections: dict[str, str], flag: str = "--wr
 
 def rewrite_marked(path: str | Path, sections: dict[str, str], flag: str = "--write") -> None:
     """replace_marked on a file, written atomically (its permissions kept) once every section is placed."""
-    from speedrun.records.result_file import write_text
-
     write_text(*prepare_marked(path, sections, flag))
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from speedrun.errors import printable
-from speedrun.records import db as db
+from speedrun.records import db
+from speedrun.records.result_file import write_text
 from speedrun.report import html as report_html
 from speedrun.report import markdown as md
 from speedrun.report.queries import GENERATOR
@@ -64,8 +65,6 @@ def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None,
     """The page written to `out` (DEFAULT_OUT when neither readme nor benchmarks is given), and the generated
     sections of `readme` and `benchmarks` rewritten; `log` gets one line per file written. Everything is read and
     checked first, then written; a database that holds anything draws a bounded page, never a traceback."""
-    # result_file imports torch: deferred, so that the file commands' modules load without it
-    from speedrun.records.result_file import write_text
 
     path = db.default_db_path() if db_path is None else Path(db_path)
     if not os.path.exists(path):  # connect would create an empty database: say what is missing instead

@@ -17,15 +17,15 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from speedrun._version import __version__
-from speedrun.run import model_files as files
-from speedrun.data import folder
 from speedrun import dist
+from speedrun._version import __version__
+from speedrun.data import folder
 from speedrun.dist import unwrap
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
 from speedrun.errors import printable, warn
 from speedrun.recipes import RECIPES
+from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
 from speedrun.tricks.tta import tta_logits
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from speedrun import dist
 from speedrun.engine.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
-    load_checkpoint, save_checkpoint)
+                                        load_checkpoint, save_checkpoint)
 from speedrun.engine.loop import RunResult
 from speedrun.errors import printable
 from speedrun.records.result_file import load_result

@@ -27,7 +27,8 @@ from speedrun.errors import SpeedrunWarning, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
 from speedrun.records import db as results_db
-from speedrun.records.result_file import claim_result_path, default_result_path, environment, release_result_path
+from speedrun.records.environment import environment
+from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
 from speedrun.run import display, export
 from speedrun.run import resume as resuming
 from speedrun.run.session import Result, Session

@@ -10,6 +10,7 @@ from typing import Literal
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 
+
 def final_evaluation(cfg: CifarConfig) -> str:
     return f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
 

@@ -13,9 +13,9 @@ from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import channel_stats, steps_for
+from speedrun.data.sources import load_dataset
 from speedrun.models.cifar_net import memory_lower_bound, output_side
 from speedrun.recipes.cifar.config import CifarConfig
-
 
 # --smoke: a check that the whole pipeline runs, in seconds even on a CPU; its accuracy means nothing.
 SMOKE_STEPS = 4
@@ -23,8 +23,6 @@ SMOKE_TEST_IMAGES = 1000
 
 
 def load_data(dataset: str, *, data_dir, image_size, log) -> Dataset:
-    from speedrun.data.sources import load_dataset
-
     return load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=log)
 
 

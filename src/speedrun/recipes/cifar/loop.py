@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from speedrun import dist
-from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
+from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, stop_at_step_end
 from speedrun.engine.system import seed_everything, setup_system, synchronize
-from speedrun.recipes.cifar.config import CifarConfig
 from speedrun.models import CifarNet
+from speedrun.recipes.cifar.config import CifarConfig
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
@@ -27,7 +27,6 @@ from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.whitening import patch_whitening_init_
-
 
 
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:

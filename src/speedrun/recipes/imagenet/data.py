@@ -9,19 +9,23 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from speedrun import dist
+from speedrun.data import limits
 from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
-from speedrun.data.shards import Shards
-from speedrun.errors import printable
+from speedrun.data.shards import Shards, open_regular, write_split
+from speedrun.errors import printable, warn
 from speedrun.recipes.imagenet.config import ImagenetConfig
-
+from speedrun.records.result_file import write_text
 
 # ImageNet's channel statistics (the values every torchvision-era recipe uses), in [0, 1] units.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -53,8 +57,6 @@ def _classes(root: Path) -> tuple[str, ...]:
     """classes.json, a file from elsewhere: read at most MAX_CLASSES_BYTES of a regular file (a FIFO would block,
     /dev/zero never end), and what it holds checked as prepare writes it: 2 to limits.MAX_CLASSES distinct,
     non-empty, printable names."""
-    from speedrun.data import limits
-    from speedrun.data.shards import open_regular
 
     path = root / "classes.json"
     fix = "run speedrun data prepare again"
@@ -104,7 +106,6 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
         except (ValueError, OSError) as e:
             # Our own cache, written whole (_synthetic_shards) and damaged since (files removed or cut short): the
             # advice for a prepared folder ("prepare it again") would name a command the user never ran.
-            from speedrun.errors import warn
 
             warn(f"the synthetic shards in {printable(str(root))} are damaged ({e}); writing them again")
             _remove_synthetic(root)
@@ -145,8 +146,6 @@ def _synthetic_shards(cache: Path, log) -> Path:
     Written in a folder of this process's own and renamed into place whole: two commands (or two ranks) that
     find the cache empty at once each write their own copy, the first rename wins and the other copy is dropped
     (with fixed temporary names in one folder they renamed each other's files away)."""
-    import shutil
-    import tempfile
 
     root = cache / "imagenet-synthetic-v1"
     if _whole(root):
@@ -183,8 +182,6 @@ def _whole(root: Path) -> bool:
 def _remove_synthetic(root: Path) -> None:
     """The damaged synthetic cache removed, so that _synthetic_shards writes it again (a symlink there is the
     user's, not ours: refused)."""
-    import shutil
-
     if root.is_symlink() or not root.is_dir():
         raise ValueError(f"{printable(str(root))} holds damaged synthetic shards and is not a folder of ours; "
                          "remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
@@ -194,10 +191,6 @@ def _remove_synthetic(root: Path) -> None:
 def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 10) -> Path:
     """`classes` classes of 32-px images, each class its own colour with noise (learnable in a few steps), as
     train and val shards and classes.json in `root` (the writes are atomic: a killed run leaves no half split)."""
-    from PIL import Image
-
-    from speedrun.data.shards import write_split
-    from speedrun.records.result_file import write_text
 
     rng = np.random.default_rng(0)
     colours = rng.integers(0, 256, (classes, 3))

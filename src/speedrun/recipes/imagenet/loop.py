@@ -13,18 +13,19 @@ from typing import Any
 import torch
 
 from speedrun import dist
-from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
+from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, stop_at_step_end
 from speedrun.engine.system import seed_everything, setup_system
+from speedrun.models.resnet import norm_and_bias_params, resnet
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.recipes.imagenet.data import ShardData
-from speedrun.models.resnet import norm_and_bias_params, resnet
 # The family's answers to the runner (recipes/__init__.py lists the questions), kept apart from the loop:
 from speedrun.tricks.ema import make_ema
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lars import Lamb, Lars
 from speedrun.tricks.schedule import triangle
+
 
 def build_model(cfg: ImagenetConfig, in_channels: int, num_classes: int) -> torch.nn.Module:
     return resnet(cfg.depth, num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual,

@@ -1,4 +1,4 @@
-"""Issue 9's input path against files from elsewhere: a prepared folder tampered with (index, shards, classes.json),
+"""The input path against files from elsewhere: a prepared folder tampered with (index, shards, classes.json),
 hostile DST states for `data prepare`, hostile originals for `bench-loader --baseline`, errors raised inside
 DataLoader workers, and worker processes outliving a killed `data prepare`. Every case is one line on stderr,
 exit 2, the file named, DST as it was, no traceback."""
