@@ -19,6 +19,7 @@ import torch
 
 from speedrun.run import runner as runs
 from speedrun.cli.program import main
+from speedrun.engine.loop import signals_held
 from speedrun.recipes import cifar
 from speedrun.recipes.cifar import loop as cifar_loop
 
@@ -470,11 +471,11 @@ def test_a_result_path_under_a_file_says_so(capsys, tmp_path, no_run):
 
 
 def test_a_second_signal_waits_until_the_interrupted_result_is_written():
-    """runs.train writes the interrupted result with SIGINT and SIGTERM held: a second Ctrl-C used to cut that write
-    short, leaving the previous file ("interrupted": false)."""
+    """The runner writes the interrupted result with SIGINT and SIGTERM held: a second Ctrl-C must not cut that
+    write short, which would leave the previous file ("interrupted": false)."""
     steps = []
     handler = signal.getsignal(signal.SIGINT)
-    with runs._signals_held():
+    with signals_held():
         torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's worker threads exist, as in a real run
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)

@@ -138,7 +138,7 @@ def test_under_torchrun_rank_0s_refusal_ends_every_process_at_once(command, shar
 def test_concurrent_writers_of_the_synthetic_cache_each_get_it_whole(tmp_path):
     """Two commands that find imagenet-debug's cache empty at once (two shells, or ranks): each writes its own
     copy and renames it into place whole; neither fails, and the cache is whole."""
-    script = ("import sys; from pathlib import Path; from speedrun.recipes import imagenet_checks as c; "
+    script = ("import sys; from pathlib import Path; from speedrun.recipes.imagenet import data as c; "
               "root = c._synthetic_shards(Path(sys.argv[1]), lambda line: None); "
               "assert (root / 'val-index.npy').exists() and (root / 'train-index.npy').exists()")
     for attempt in range(3):
