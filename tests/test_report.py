@@ -154,6 +154,16 @@ def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_d
     assert bench.read_text() == "no markers here\n"
 
 
+def test_a_stored_name_does_not_become_a_link_or_end_its_cell(tmp_path):
+    path, readme = tmp_path / "r.db", tmp_path / "README.md"
+    with db.connect(path) as conn:
+        db.insert_result(conn, make_result(1, 0.95, 2.0, dataset="[click](https://example.com)\\| x"))
+    readme.write_text("<!-- records:begin -->\n<!-- records:end -->\n")
+    assert main(["report", "--db", str(path), "--readme", str(readme)]) == 0
+    row = next(line for line in readme.read_text().splitlines() if "click" in line)
+    assert row.startswith("| \\[click\\](https://example.com)\\\\\\| x | ")
+
+
 def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert main(["report", "--db", str(tmp_path / "missing.db"), "--out", str(tmp_path / "r.html")]) == 2
     assert "no results database" in capsys.readouterr().err

@@ -7,7 +7,11 @@ as one line, `speedrun: warning: ...`, on stderr.
 
 from __future__ import annotations
 
+import functools
 import warnings
+from typing import Callable, TypeVar
+
+_F = TypeVar("_F", bound=Callable)
 
 
 class SpeedrunWarning(UserWarning):
@@ -15,7 +19,9 @@ class SpeedrunWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    warnings.warn(message, SpeedrunWarning, stacklevel=3)
+    # Escaped here, where every warning passes: the CLI shows it as one line, and Python's own display (a Python
+    # API user's) writes it to stderr as it is.
+    warnings.warn(printable(message), SpeedrunWarning, stacklevel=3)
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,7 +41,9 @@ def note_kept(exc: BaseException, runs_kept: int, result_path) -> None:
 
 def printable(text: str) -> str:
     """`text` as one printable line: file-name bytes that are not UTF-8 (os.fsdecode's surrogates) become \\xNN,
-    control characters (a newline in a file name) become escapes. Paths go through this before any message."""
+    control characters (a newline in a file name) become escapes. Messages carry names as they are; this runs
+    where text is shown (cli/output.py's one_line, out and err, run/display.py, `warn`, and what the entry points
+    of the Python API raise and log) and where a name is stored (a dataset's or a class's)."""
     if text.isascii() and text.isprintable():
         return text
     try:
@@ -43,3 +51,30 @@ def printable(text: str) -> str:
     except UnicodeEncodeError:  # a lone surrogate that is not an escaped byte
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def escaped_refusals(function: _F) -> _F:
+    """`function` with the message of what it refuses (a ValueError or an OSError of one message) escaped by
+    `printable`: for the entry points a Python program calls (speedrun.train, speedrun.load, load_dataset,
+    prepare_tree), which may print the message as it is. The messages name files as they are; the CLI escapes
+    what it shows itself. The exception is the one raised, its type, attributes and cause kept."""
+    @functools.wraps(function)
+    def escaping(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ValueError, OSError) as e:
+            if len(e.args) == 1 and isinstance(e.args[0], str):
+                e.args = (printable(e.args[0]),)
+            raise
+
+    return escaping  # type: ignore[return-value]
+
+
+def escaped_log(log: Callable[[str], None]) -> Callable[[str], None]:
+    """`log` given each line escaped (`printable`): a Python caller's log may print it as it is."""
+    return lambda line: log(printable(line))
+
+
+def print_line(line: str) -> None:
+    """The library's default `log` for a Python caller: the line on stdout, escaped (`printable`)."""
+    print(printable(line))

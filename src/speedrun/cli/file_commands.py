@@ -10,6 +10,7 @@ import json
 import shlex
 import sys
 
+from speedrun.cli.output import err, out
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.errors import printable
 from speedrun.instruments.compare import METRICS, compare_stored
@@ -26,7 +27,8 @@ def _table(rows: list[dict]) -> list[str]:
     table = [["ID", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HIT", "COST $", "COMMIT"]]
     for r in rows:
         commit = "-" if r["git_commit"] is None else r["git_commit"][:8] + ("+" if r["git_dirty"] else "")
-        table.append([printable(cell) for cell in (  # a newline in a stored name must not break the row
+        # each cell escaped before the widths are measured: a newline in a stored name must not break the row
+        table.append([printable(cell) for cell in (
             str(r["id"]), r["date"][:16].replace("T", " "), r["recipe"], r["dataset"], r["device_name"] or r["device"],
             str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]), _num(r["mean_seconds"], 1, r["std_seconds"]),
             _num(r["hit_rate"]), _num(r["cost"], digits=4), commit)])
@@ -45,9 +47,11 @@ def results_command(args) -> int:
         print(json.dumps(rows, indent=2))
     elif args.csv:
         csv.writer(sys.stdout, lineterminator="\n").writerows([db.COLUMNS] + [list(r.values()) for r in rows])
+    elif rows:
+        for line in _table(rows):
+            out(line)
     else:
-        print("\n".join(_table(rows)) if rows else "no stored result matches; `speedrun results import FILE` adds some",
-              file=sys.stdout if rows else sys.stderr)
+        err("no stored result matches; `speedrun results import FILE` adds some")
     return 0
 
 
@@ -55,12 +59,12 @@ def import_command(args) -> int:
     """`speedrun results import FILE... [--db PATH]`: args has files and db. Exit 2 if any file failed."""
     with contextlib.closing(db.connect(args.db)) as conn:
         done = db.import_files(conn, args.files)
-    for name, new_id, error, new in ((printable(str(entry.path)), *entry[1:]) for entry in done):
+    for name, new_id, error, new in done:
         if error:  # on stderr, the command's error line, with what to do
-            sys.stderr.write(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result "
-                             "JSON file of speedrun train or a benchmark script)\n")
+            err(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result JSON file of "
+                "speedrun train or a benchmark script)")
         else:
-            print(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
+            out(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
     return 2 if any(entry.error for entry in done) else 0
 
 
@@ -86,14 +90,14 @@ def compare_command(args, argv: list[str]) -> int:
     if args.json:
         print(json.dumps({**report, "id": stored}, indent=2))
     else:
-        print("\n".join(_compare_lines(report)))
+        for line in _compare_lines(report):
+            out(line)
     return 0
 
 
 def report_command(args) -> int:
     """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`: what it wrote on stderr."""
-    publish(args.db, out=args.out, readme=args.readme, benchmarks=args.benchmarks,
-            log=lambda line: print(line, file=sys.stderr))
+    publish(args.db, out=args.out, readme=args.readme, benchmarks=args.benchmarks, log=err)
     return 0
 
 
@@ -103,6 +107,7 @@ def prepare_command(args) -> int:
     # of this module load without it.
 
     report = prepare_tree(args.src, args.dst, max_side_px=args.max_side_px, quality=args.quality,
-                          workers=args.workers, on_error=args.on_error, log=lambda line: print(line, flush=True))
-    print("\n".join(report.lines()), flush=True)
+                          workers=args.workers, on_error=args.on_error, log=lambda line: out(line, flush=True))
+    for line in report.lines():
+        out(line, flush=True)
     return 0

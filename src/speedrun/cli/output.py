@@ -1,10 +1,17 @@
-"""What the command prints and how it ends: exit codes, the one-line form of an error or warning, and which process
-of a torchrun job speaks (every process runs the same code; rank 0 shows what all would)."""
+"""What the command prints and how it ends: exit codes, the one-line form of an error or warning, the lines of its
+output, and which process of a torchrun job speaks (every process runs the same code; rank 0 shows what all would).
+
+Messages and results carry names as they are (a file, folder, class or dataset name, a library's message): what
+reaches the terminal is escaped here, as it is written (errors.printable), so that no ESC, newline or other control
+character in a name can move the cursor, recolour the terminal or break a line.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+
+from speedrun.errors import printable
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -28,11 +35,16 @@ def worker_message(text: str) -> str:
     return (rest if sep and head.replace(".", "").replace("_", "").isalnum() else message) or lines[0]
 
 
-def one_line(text: object) -> str:
-    """Newlines folded (tarfile's messages carry some), and cut in the middle past MAX_LINE characters: a value
-    echoed back (a 100,000-character --dataset, say) must not make the one line a screenful. An error from a
-    DataLoader worker is its own message, not the worker's traceback."""
-    text = " ".join(worker_message(str(text)).split())
+def one_line(text: object, *, prose: bool = False) -> str:
+    """Escaped (errors.printable: a newline in a file name shows as \\n), runs of spaces folded, and cut in the
+    middle past MAX_LINE characters: a value echoed back (a 100,000-character --dataset, say) must not make the one
+    line a screenful. An error from a DataLoader worker is its own message, not the worker's traceback.
+    prose: text that is another program's (an unexpected exception, a library's warning), whose line breaks are
+    its layout: they fold to spaces before the rest is escaped."""
+    text = worker_message(str(text))
+    if prose:
+        text = " ".join(text.split())
+    text = " ".join(printable(text).split())
     if len(text) <= MAX_LINE:
         return text
     return f"{text[:MAX_LINE // 2]} ...[{len(text) - MAX_LINE + 200} characters]... {text[-(MAX_LINE // 2 - 200):]}"
@@ -43,6 +55,16 @@ def say(line: str) -> None:
     (text, then newline) let two processes' lines run together."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def out(line: str, *, flush: bool = False) -> None:
+    """One line of the command's output on stdout, escaped: a newline in a name stays in its row, as \\n."""
+    print(printable(line), flush=flush)
+
+
+def err(line: str) -> None:
+    """One line of progress or news on stderr, escaped, in one write (`say`)."""
+    say(printable(line))
 
 
 def prog_name() -> str:

@@ -28,8 +28,9 @@ from speedrun.recipes import recipe_lines  # a table of names: no torch, no fami
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     if other_rank():
         return
-    kind = "" if issubclass(category, SpeedrunWarning) else f" ({category.__name__})"
-    say(f"speedrun: warning: {one_line(message)}{kind}")
+    ours = issubclass(category, SpeedrunWarning)
+    kind = "" if ours else f" ({category.__name__})"
+    say(f"speedrun: warning: {one_line(message, prose=not ours)}{kind}")
 
 
 @contextlib.contextmanager
@@ -138,17 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "PeerFailed":  # dist.main_first: rank 0 failed first and printed why
             return EXIT_USAGE
         if _out_of_memory(exc):
-            say(f"{prog}: error: out of memory ({one_line(exc)[:200]}); lower batch_size or eval_batch_size "
-                  f"(--set ...), or use fewer or smaller images{_kept(exc)}")
+            say(f"{prog}: error: out of memory ({one_line(exc, prose=True)[:200]}); lower batch_size or "
+                  f"eval_batch_size (--set ...), or use fewer or smaller images{_kept(exc)}")
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
         if _peer_lost(exc):
             say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
-                  f"own line (or torchrun's report) says why ({one_line(exc)[:200]}){_kept(exc)}")
+                  f"own line (or torchrun's report) says why ({one_line(exc, prose=True)[:200]}){_kept(exc)}")
             return EXIT_INTERNAL
-        say(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)[:300]} (a bug: please report it; "
-              f"SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
+        say(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc, prose=True)[:300]} (a bug: please report "
+              f"it; SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
         return EXIT_INTERNAL
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from speedrun import dist
-from speedrun.cli.output import EXIT_DIVERGED
+from speedrun.cli.output import EXIT_DIVERGED, err, out
 from speedrun.config import check_int, parse_set_args
-from speedrun.errors import printable
 from speedrun.instruments.ablate import ablate, waterfall
 from speedrun.instruments.bench import bench, recipe_vary, run_and_store
 from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_list, rate_text, versus_text
@@ -27,7 +26,7 @@ from speedrun.run.export import evaluate_saved, predict_files
 
 def _log(line: str) -> None:
     """Progress lines go to stderr: stdout carries the command's table or answer alone."""
-    print(line, file=sys.stderr)
+    err(line)
 
 
 def train_command(args, argv: list[str]) -> int:
@@ -52,8 +51,7 @@ def diverged_exit(report: dict, quiet: bool = False) -> int:
     """3 when a run diverged (as `speedrun train`), each setting's count on stderr unless quiet; else 0."""
     bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
     for name, count in [] if quiet else bad:
-        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics",
-              file=sys.stderr)
+        err(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics")
     return EXIT_DIVERGED if bad else 0
 
 
@@ -82,10 +80,10 @@ def bench_command(args, argv: list[str]) -> int:
         epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
     if path is None:  # a torchrun process other than rank 0
         return diverged_exit(report, quiet=True)
-    print("\n".join(_bench_lines(report)))
-    print(f"report: {path} (stored as #{stored}); order: "
-          + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""),
-          file=sys.stderr)
+    for line in _bench_lines(report):
+        out(line)
+    err(f"report: {path} (stored as #{stored}); order: "
+        + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""))
     return diverged_exit(report)
 
 
@@ -140,8 +138,9 @@ def ablate_command(args, argv: list[str]) -> int:
     report, path, stored = _run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
     if path is None:  # a torchrun process other than rank 0
         return diverged_exit(report, quiet=True)
-    print("\n".join(_waterfall_lines(report) if order is not None else _ablate_lines(report)))
-    print(f"report: {path} (stored as #{stored})", file=sys.stderr)
+    for line in _waterfall_lines(report) if order is not None else _ablate_lines(report):
+        out(line)
+    err(f"report: {path} (stored as #{stored})")
     return diverged_exit(report)
 
 
@@ -188,13 +187,13 @@ def to_target_command(args, argv: list[str]) -> int:
     bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
     if path is None:  # a torchrun process other than rank 0
         return EXIT_DIVERGED if bad else 0
-    print("\n".join(_target_lines(report)))
-    print(f"report: {path} (stored as #{stored}); order: "
-          + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
-          + (" ..." if len(report["order"]) > 12 else ""), file=sys.stderr)
+    for line in _target_lines(report):
+        out(line)
+    err(f"report: {path} (stored as #{stored}); order: "
+        + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
+        + (" ..." if len(report["order"]) > 12 else ""))
     for name, count in bad:
-        print(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss",
-              file=sys.stderr)
+        err(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss")
     return EXIT_DIVERGED if bad else 0
 
 
@@ -211,15 +210,15 @@ def eval_command(args) -> int:
         if json_path is not None:
             release_result_path(json_path)
         raise
-    print(f"accuracy {100 * result['accuracy']:.2f}% on {printable(result['dataset'])} test ({result['n']} images, "
-          f"TTA level {result['tta_level']})")
+    out(f"accuracy {100 * result['accuracy']:.2f}% on {result['dataset']} test ({result['n']} images, "
+        f"TTA level {result['tta_level']})")
     return 0
 
 
 def predict_command(args) -> int:
     """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout."""
     for file, preds in predict_files(args.model, args.images, top=args.top, device=args.device):
-        print(f"{printable(file)}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
+        out(f"{file}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
     return 0
 
 
@@ -239,11 +238,11 @@ def bench_loader_command(args, argv: list[str] | None = None) -> int:
     finally:
         if path is not None and not written:
             release_result_path(path)
-    print(f"{printable(args.dir)} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
-          f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
-    print(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
+    out(f"{args.dir} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
+        f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
+    out(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
     for s in report["settings"]:
-        print(f"{s['pipeline']:9} {s['workers']:>7} {s['res']:>5} {s['n']:>3} {rate_text(s['summary']):>14} "
-              f"{np.mean(s['startup_s']):>10.2f}  {versus_text(s['versus_baseline'])}")
-    print(f"timed: {TIMED_REGION}" + (f"; report: {path}" if path else ""), file=sys.stderr)
+        out(f"{s['pipeline']:9} {s['workers']:>7} {s['res']:>5} {s['n']:>3} {rate_text(s['summary']):>14} "
+            f"{np.mean(s['startup_s']):>10.2f}  {versus_text(s['versus_baseline'])}")
+    err(f"timed: {TIMED_REGION}" + (f"; report: {path}" if path else ""))
     return 0

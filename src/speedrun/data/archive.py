@@ -18,7 +18,6 @@ import zlib
 from pathlib import Path
 
 from speedrun.data import limits
-from speedrun.errors import printable
 
 # The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB). tarfile
 # recurses once per extended header and each level keeps its payload, so this bounds that chain's memory too.
@@ -37,8 +36,8 @@ _DRAIN_CHUNK = 1 << 20
 
 
 def _shown(name: str) -> str:
-    """A member name for a message: printable, and cut short (a name from an archive may be 900,000 characters)."""
-    text = repr(printable(name))
+    """A member name for a message: quoted, and cut short (a name from an archive may be 900,000 characters)."""
+    text = repr(name)
     return text if len(text) <= 120 else text[:100] + f"...' ({len(name)} characters)"
 
 
@@ -180,7 +179,7 @@ def _raise_one_line(e: BaseException, tar_path: Path) -> None:
     """Re-raise an extraction failure as the one-line error the user sees; return for anything else."""
     if isinstance(e, getattr(tarfile, "FilterError", ())):  # only if Python's filter is stricter than ours
         raise ValueError(f"archive {tar_path.name} member {_shown(e.tarinfo.name)} refused: "
-                         f"{printable(str(e))[:200]}") from None
+                         f"{str(e)[:200]}") from None
     if isinstance(e, RecursionError):  # tarfile recurses once per chained PAX or GNU long-name header
         raise ValueError(f"archive {tar_path.name} chains thousands of extended headers; it is not a plain tar "
                          "archive, refusing to extract it") from None

@@ -23,7 +23,7 @@ import torch
 
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
-from speedrun.errors import printable, warn
+from speedrun.errors import warn
 
 # Bump when the cache layout changes (this layout's payload carries "sha256"): the number is part of every cache
 # file's name and payload, so files of another layout simply stop matching.
@@ -63,7 +63,7 @@ def cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | 
     A cache file that fails in any way (unreadable, wrong layout, checksum, labels) is rebuilt with a warning: the
     source is still there, so nothing is lost but time. `source` names the data in check_dataset's messages.
     """
-    shown = printable(str(path))
+    shown = str(path)
     if path.exists():
         start = time.perf_counter()
         try:
@@ -83,7 +83,7 @@ def cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | 
         # Broad on purpose: a truncated or foreign file can fail inside torch.load in many ways
         # (RuntimeError, EOFError, UnpicklingError, zipfile errors ...); every one means "rebuild".
         except Exception as e:  # noqa: BLE001
-            reason = printable(" ".join(f"{type(e).__name__}: {e}".split()))[:160]
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:160]
             warn(f"cache {shown} is unreadable ({reason}); rebuilding it from the source")
         else:
             log(f"loaded {ds.name} from cache {shown} in {time.perf_counter() - start:.2f} s")
@@ -152,7 +152,7 @@ def _read_cache(path: Path) -> Dataset:
 
 def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
     """Write atomically (temp file in the same directory, then os.replace) and drop this source's old caches."""
-    shown = printable(str(path))
+    shown = str(path)
     payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes)}
     payload.update({k: getattr(ds, k) for k in TENSORS})
     payload["sha256"] = checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in TENSORS})

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 
 from speedrun.data import limits
-from speedrun.errors import printable
 
 
 @dataclass
@@ -73,24 +72,24 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
     Applied to every dataset load_dataset returns (built, cached or synthetic) and to every build before it is
     cached: both splits hold images, at least 2 classes, C 1 or 3, labels in [0, num_classes).
     """
-    what = printable(source)
     for split in ("train", "test"):  # dtypes and shapes are Dataset.__post_init__'s check, on construction
         if len(getattr(ds, f"{split}_images")) == 0:
-            raise ValueError(f"{what}: the {split} split has no images; a dataset needs images in both train and test")
+            raise ValueError(f"{source}: the {split} split has no images; a dataset needs images in both train and "
+                             "test")
     if ds.num_classes < 2:
         count = f"{ds.num_classes} class{'' if ds.num_classes == 1 else 'es'}"
-        raise ValueError(f"{what} has {count}; a classifier needs at least 2 (add a class)")
+        raise ValueError(f"{source} has {count}; a classifier needs at least 2 (add a class)")
     if ds.num_classes > limits.MAX_CLASSES:
-        raise ValueError(f"{what} has {ds.num_classes} classes, over the limit of {limits.MAX_CLASSES}; check its "
+        raise ValueError(f"{source} has {ds.num_classes} classes, over the limit of {limits.MAX_CLASSES}; check its "
                          "class list (a damaged meta file?)")
     channels = ds.image_shape[0]
     if channels not in (1, 3):
-        raise ValueError(f"{what} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")
+        raise ValueError(f"{source} has {channels}-channel images; use 1 (grey) or 3 (RGB) channels")
     for split in ("train", "test"):
         y = getattr(ds, f"{split}_labels")
         low, high = int(y.min()), int(y.max())
         if low < 0 or high >= ds.num_classes:
-            raise ValueError(f"{what}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
+            raise ValueError(f"{source}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
                              f"for its {ds.num_classes} classes; fix the labels or the class list")
     return ds
 
@@ -102,5 +101,5 @@ def check_data_limit(ds: Dataset, source: str) -> Dataset:
     files, each under the limit, are still refused together when over it). A policy, apart from check_dataset's
     integrity: a cache over the limit is not corrupt, and is not rebuilt.
     """
-    limits.check_dataset_bytes(ds.train_images.numel() + ds.test_images.numel(), printable(source))
+    limits.check_dataset_bytes(ds.train_images.numel() + ds.test_images.numel(), source)
     return ds

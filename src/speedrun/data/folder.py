@@ -50,7 +50,7 @@ _REDUCING_GAP = 3.0
 def refusal_reason(e: BaseException) -> str:
     """`Type: message` on one line; an OSError's strerror only, since our message names the file already."""
     text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    return printable(" ".join(f"{type(e).__name__}: {text}".split()))[:200]
+    return " ".join(f"{type(e).__name__}: {text}".split())[:200]
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ def _entries(directory: Path) -> list[os.DirEntry]:
         with os.scandir(directory) as it:
             return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError as e:
-        raise ValueError(f"cannot list {printable(str(directory))} ({refusal_reason(e)}); "
+        raise ValueError(f"cannot list {directory} ({refusal_reason(e)}); "
                          "make it a readable folder") from None
 
 
@@ -83,7 +83,7 @@ def class_dirs(split_dir: Path) -> list[str]:
         try:
             is_dir = e.is_dir()  # follows symlinks; a symlink loop raises ELOOP here
         except OSError as err:
-            raise ValueError(f"cannot read {printable(e.path)} ({refusal_reason(err)}); fix or remove it") from None
+            raise ValueError(f"cannot read {e.path} ({refusal_reason(err)}); fix or remove it") from None
         if is_dir:
             names.append(e.name)
     return names
@@ -92,33 +92,33 @@ def class_dirs(split_dir: Path) -> list[str]:
 def _image_file(e: os.DirEntry, rel: str, label: int) -> ImageFile:
     """An entry named like an image must be a readable regular file: a broken symlink or a folder named x.png
     is refused here rather than silently dropped, and a FIFO named x.png would block the decoder forever."""
-    shown = printable(e.path)
     try:
         st = e.stat()  # follows symlinks
     except OSError as err:
         if isinstance(err, FileNotFoundError) and e.is_symlink():
-            raise ValueError(f"{shown} is a symlink to a missing file; fix the link or remove it") from None
-        raise ValueError(f"cannot read {shown} ({refusal_reason(err)}); fix or remove it") from None
+            raise ValueError(f"{e.path} is a symlink to a missing file; fix the link or remove it") from None
+        raise ValueError(f"cannot read {e.path} ({refusal_reason(err)}); fix or remove it") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{shown} is named like an image but is not a regular file; rename or remove it")
+        raise ValueError(f"{e.path} is named like an image but is not a regular file; rename or remove it")
     return ImageFile(e.path, rel, label, st.st_size, st.st_mtime_ns)
 
 
 def list_images(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
     """(classes, {"train": [...], "test": [...]}) in a deterministic order (class, then file name).
 
-    Class names are returned printable (see `printable`); the files keep their names as they are on disk.
+    Class names are returned escaped (errors.printable), as a dataset, its cache and a model card store them; the
+    files keep their names as they are on disk, and messages name them so.
     """
     classes = class_dirs(root / "train")
     if not classes:
-        raise ValueError(f"{printable(str(root / 'train'))} has no class folders; lay images out as "
+        raise ValueError(f"{root / 'train'} has no class folders; lay images out as "
                          "train/<class>/<image>")
     test_classes = class_dirs(root / "test")
     if test_classes != classes:
-        only_train = [printable(c) for c in sorted(set(classes) - set(test_classes))]
-        only_test = [printable(c) for c in sorted(set(test_classes) - set(classes))]
+        only_train = sorted(set(classes) - set(test_classes))
+        only_test = sorted(set(test_classes) - set(classes))
         raise ValueError(
-            f"{printable(str(root))}: train/ and test/ must hold the same class folders; "
+            f"{root}: train/ and test/ must hold the same class folders; "
             f"only in train: {only_train or 'none'}, only in test: {only_test or 'none'}"
         )
     splits: dict[str, list[ImageFile]] = {}
@@ -129,12 +129,12 @@ def list_images(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
                 if e.name.lower().endswith(IMAGE_EXTENSIONS):
                     files.append(_image_file(e, f"{name}/{e.name}", label))
         if not files:
-            raise ValueError(f"{printable(str(root / split))} has no .jpg/.jpeg/.png images in its class folders")
+            raise ValueError(f"{root / split} has no .jpg/.jpeg/.png images in its class folders")
         if split == "train":  # a class never seen in training is a mistake in the layout, not a class
             empty = sorted(set(range(len(classes))) - {f.label for f in files})
             if empty:
-                names = ", ".join(printable(classes[i]) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
-                raise ValueError(f"{printable(str(root / 'train'))}: class folder(s) {names} hold no .jpg/.jpeg/.png "
+                names = ", ".join(classes[i] for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+                raise ValueError(f"{root / 'train'}: class folder(s) {names} hold no .jpg/.jpeg/.png "
                                  "images; add training images or remove the folder from train/ and test/")
         splits[split] = files
     return [printable(c) for c in classes], splits
@@ -157,11 +157,10 @@ class Refused(ValueError):
 def open_image(path: str) -> Iterator[Image.Image]:
     """Image.open(path) limited to JPEG and PNG. Every file, the first included, is read inside this block, so
     whatever fails in it (opening, the header, decoding) leaves as one ValueError naming the file."""
-    shown = printable(path)
     try:
         # Checked before opening: a FIFO would block open() forever, /dev/zero would never end.
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise Refused(f"{shown} is not a regular file; remove it from the image folder")
+            raise Refused(f"{path} is not a regular file; remove it from the image folder")
         with warnings.catch_warnings():  # 1 us per image
             # Pillow's warnings are about its own handling, once per file and without the file's name: above
             # 89 Mpx (our own, lower limit refuses such a file with one line), a palette with transparency (we drop
@@ -173,15 +172,15 @@ def open_image(path: str) -> Iterator[Image.Image]:
     except Refused:
         raise
     except Image.UnidentifiedImageError:
-        raise Refused(f"{shown} is not a JPEG or PNG image; delete it or convert it to PNG") from None
+        raise Refused(f"{path} is not a JPEG or PNG image; delete it or convert it to PNG") from None
     except Image.DecompressionBombError as e:
         # Raised by Image.open above 2 x Image.MAX_IMAGE_PIXELS (179 Mpx), before our own header check can run.
-        raise Refused(f"{shown} claims too many pixels ({refusal_reason(e)}); the limit is "
+        raise Refused(f"{path} claims too many pixels ({refusal_reason(e)}); the limit is "
                        f"{limits.MAX_SOURCE_PIXELS:,} per image: shrink it or remove it") from None
     # Broad on purpose: for a damaged file Pillow's decoders raise OSError, SyntaxError, ValueError, EOFError,
     # struct.error, zlib.error, IndexError ..., and every one means "this file cannot be read".
     except Exception as e:  # noqa: BLE001
-        raise Refused(f"cannot read {shown} ({refusal_reason(e)}); delete or replace it") from None
+        raise Refused(f"cannot read {path} ({refusal_reason(e)}); delete or replace it") from None
 
 
 # Pillow's modes for a 16-bit grayscale PNG (I;16 from Pillow 10 on; I, 32-bit, before).
@@ -193,18 +192,18 @@ def check_header(path: str, im: Image.Image, image_size: int | None, grey_16bit:
     accepted (data prepare scales it to 8 bits)."""
     w, h = im.size
     if w * h > limits.MAX_SOURCE_PIXELS or max(w, h) > limits.MAX_SOURCE_SIDE_PX:
-        raise Refused(f"{printable(path)} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
+        raise Refused(f"{path} claims {w}x{h} pixels, over the limit of {limits.MAX_SOURCE_PIXELS:,} "
                        f"per image or {limits.MAX_SOURCE_SIDE_PX} per side; shrink it or remove it")
     if im.format == "JPEG" and im.info.get("progressive"):
         scans = _jpeg_scans(path)
         if scans > limits.MAX_JPEG_SCANS:
-            raise Refused(f"{printable(path)} is a progressive JPEG of {scans} scans, over the "
+            raise Refused(f"{path} is a progressive JPEG of {scans} scans, over the "
                            f"{limits.MAX_JPEG_SCANS} any encoder writes; re-encode it or remove it")
     if image_size is None and max(w, h) > limits.MAX_IMAGE_SIDE_PX:
-        raise Refused(f"{printable(path)} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
+        raise Refused(f"{path} is {w}x{h} pixels, over the {limits.MAX_IMAGE_SIDE_PX} px kept without "
                        "resizing; pass image_size (--image-size N) to resize every image to N x N")
     if im.mode.startswith(("I", "F")) and not (grey_16bit and im.mode in GREY_16BIT_MODES):
-        raise Refused(f"{printable(path)} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
+        raise Refused(f"{path} has {im.mode} (16/32-bit) pixels; convert it to 8-bit first")
 
 
 def _jpeg_scans(path: str) -> int:
@@ -234,7 +233,7 @@ def read_image(path: str, image_size: int | None, ref: tuple[str, tuple[int, int
         check_header(path, im, image_size)
         if image_size is None and ref is not None and im.size != ref[1]:
             (w, h), (rw, rh) = im.size, ref[1]
-            raise Refused(f"all images must have one size: {printable(path)} is {w}x{h} but {printable(ref[0])} "
+            raise Refused(f"all images must have one size: {path} is {w}x{h} but {ref[0]} "
                            f"is {rw}x{rh}; pass image_size (--image-size N) to resize every image to N x N")
         mode = "L" if im.mode in _GRAY_MODES else "RGB"
         if image_size is not None:
@@ -341,7 +340,7 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
                         pass
                     how = (f"killed by signal {-proc.exitcode}; out of memory?" if proc.exitcode < 0
                            else f"exit code {proc.exitcode}")
-                    raise Refused(f"{printable(source)}: a decode worker died ({how}); free memory or decode fewer "
+                    raise Refused(f"{source}: a decode worker died ({how}); free memory or decode fewer "
                                    "images")
     finally:
         for proc, receive in procs:
@@ -369,7 +368,7 @@ def decode(paths: list[str], workers: int | None = None, *, image_size: int | No
     needs no `if __name__ == "__main__"` guard; where fork does not exist we stay serial.
     """
     if not paths:
-        raise ValueError(f"{printable(source)} has no image files to decode; add .jpg/.jpeg/.png files")
+        raise ValueError(f"{source} has no image files to decode; add .jpg/.jpeg/.png files")
     try:
         if image_size is None:
             ref = (paths[0], header_size(paths[0]))  # the first file's header sets the size; no pixel decoded
@@ -377,7 +376,7 @@ def decode(paths: list[str], workers: int | None = None, *, image_size: int | No
         else:
             ref, w, h = None, image_size, image_size
         # Three channels whatever the images turn out to be: that is what is allocated below.
-        limits.check_dataset_bytes(len(paths) * 3 * h * w, f"{printable(source)} ({len(paths)} images of {w}x{h})")
+        limits.check_dataset_bytes(len(paths) * 3 * h * w, f"{source} ({len(paths)} images of {w}x{h})")
         workers = default_workers() if workers is None else workers
         if workers > 1 and len(paths) >= PARALLEL_MIN and "fork" in mp.get_all_start_methods():
             # MAP_SHARED anonymous memory: forked workers write their pixels where the parent reads them.

@@ -119,16 +119,16 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
     folders = {s: folder.class_dirs(d) for s, d in split_dirs.items()}  # sorted, hidden ones left out
     index = folders["train"] if "train" in folders else sorted(set().union(*folders.values()))
     if not index:
-        raise ValueError(f"{printable(str(src))} has no class folders; lay images out as SRC/train/<class>/<image> "
+        raise ValueError(f"{src} has no class folders; lay images out as SRC/train/<class>/<image> "
                          "(and val/ or test/), or SRC/<class>/<image>")
     if len(index) > limits.MAX_CLASSES:
-        raise ValueError(f"{printable(str(src))} has {len(index):,} class folders, over the limit of "
+        raise ValueError(f"{src} has {len(index):,} class folders, over the limit of "
                          f"{limits.MAX_CLASSES:,}; check that SRC is the dataset's top folder")
     label = {name: i for i, name in enumerate(index)}
     for split, names in folders.items():
-        unknown = [printable(n) for n in names if n not in label]
+        unknown = [n for n in names if n not in label]
         if unknown:
-            raise ValueError(f"{printable(str(split_dirs[split]))} has class folder(s) that train/ has not: "
+            raise ValueError(f"{split_dirs[split]} has class folder(s) that train/ has not: "
                              f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}; labels come from "
                              "train/'s folders: add them there or remove them")
     splits, ignored = {}, {}
@@ -139,12 +139,12 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
             files += found
             ignored[split] += skipped
             if not found:
-                empty.append(printable(name))
+                empty.append(name)
         if not files:
-            raise ValueError(f"{printable(str(split_dirs[split]))} has no .jpg/.jpeg/.png images in its class "
+            raise ValueError(f"{split_dirs[split]} has no .jpg/.jpeg/.png images in its class "
                              "folders; add images or remove the folder")
         if empty:
-            warn(f"{printable(str(split_dirs[split]))}: class folder(s) {', '.join(empty[:5])}"
+            warn(f"{split_dirs[split]}: class folder(s) {', '.join(empty[:5])}"
                  f"{' ...' if len(empty) > 5 else ''} hold no images")
         splits[split] = files
     return [printable(c) for c in index], splits, ignored
@@ -156,7 +156,7 @@ def _class_files(directory: Path, name: str, label: int) -> tuple[list[SourceFil
         with os.scandir(directory) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError as e:
-        raise ValueError(f"cannot list {printable(str(directory))} ({folder.refusal_reason(e)}); make it a readable "
+        raise ValueError(f"cannot list {directory} ({folder.refusal_reason(e)}); make it a readable "
                          "folder") from None
     files = []
     for e in entries:

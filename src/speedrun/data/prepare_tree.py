@@ -36,7 +36,7 @@ from pathlib import Path
 from speedrun.data import folder, shards
 from speedrun.data.prepare import (DEFAULT_MAX_SIDE_PX, DEFAULT_QUALITY, SPLITS, SourceFile, check_settings,
                                    fingerprint, list_source, prepare_all, worker_pool)
-from speedrun.errors import printable, warn
+from speedrun.errors import escaped_refusals, printable, warn
 from speedrun.records.result_file import write_text
 
 FORMAT, VERSION = "speedrun data prepare", 1
@@ -55,7 +55,7 @@ class SplitReport:
     ignored: int  # other entries in its class folders
     up_to_date: bool = False
     written: int = 0
-    skipped: list[str] = field(default_factory=list)  # "<class>/<name>", printable
+    skipped: list[str] = field(default_factory=list)  # "<class>/<name>", as on disk
     skipped_before: int = 0  # up to date: the files skipped when it was prepared
     converted: Counter = field(default_factory=Counter)  # source mode ("L", "CMYK", "P", "RGBA" ...) -> images
     rotated: int = 0  # by their EXIF orientation
@@ -85,7 +85,7 @@ class SplitReport:
 
 @dataclass
 class Report:
-    dst: str  # printable
+    dst: str  # as given
     classes: list[str]
     splits: list[SplitReport]
 
@@ -94,11 +94,14 @@ class Report:
         return all(s.up_to_date for s in self.splits)
 
     def lines(self) -> list[str]:
+        """The report as text to print, each line escaped (errors.printable): DST and the skipped files are named
+        as they are on disk."""
         head = (f"{self.dst} is up to date: nothing to do" if self.up_to_date else
                 f"{self.dst}: {len(self.classes)} classes")
-        return [head, *(s.line() for s in self.splits)]
+        return [printable(line) for line in (head, *(s.line() for s in self.splits))]
 
 
+@escaped_refusals
 def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px: int = DEFAULT_MAX_SIDE_PX,
                  quality: int = DEFAULT_QUALITY, workers: int | None = None, on_error: str = "skip",
                  shard_bytes: int = SHARD_BYTES, log: Callable[[str], None] | None = None) -> Report:
@@ -112,7 +115,7 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     if not isinstance(workers, int) or not 0 <= workers <= _MAX_WORKERS:
         raise ValueError(f"--workers must be 0 to {_MAX_WORKERS}, got {workers}; 0 prepares in this process")
     if on_error not in ("skip", "stop"):
-        raise ValueError(f"--on-error must be skip or stop, got {printable(str(on_error))}")
+        raise ValueError(f"--on-error must be skip or stop, got {on_error}")
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive number of bytes, got {shard_bytes}")
     log = log or (lambda line: None)
@@ -135,7 +138,7 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
             todo.append((split, files, listed, report))
         reports.append(report)
     for split in sorted(set(old["splits"]) - set(splits)) if old else []:
-        warn(f"{printable(str(dst_dir))} holds split {split}, which {printable(str(src_dir))} no longer has: its "
+        warn(f"{dst_dir} holds split {split}, which {src_dir} no longer has: its "
              f"files are left as they are ({split}-*.tar, {split}-index.npy) and no longer in {MANIFEST}")
     manifest = {"format": FORMAT, "version": VERSION, "settings": settings, "classes_sha256": classes_sha,
                 "splits": entries}
@@ -143,7 +146,7 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     if not todo and classes_ok and old == manifest:
         with _locked(dst_dir):
             _remove_stages(dst_dir)  # left by a run that was killed (SIGKILL, power loss): GBs, perhaps
-        return Report(printable(str(dst)), classes, reports)
+        return Report(str(dst), classes, reports)
 
     _check_targets(dst_dir, [MANIFEST, CLASSES, *(f"{split}-index.npy" for split, *_ in todo)])
     created = not dst_dir.exists()
@@ -177,12 +180,12 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
             if created and not done:
                 with contextlib.suppress(OSError):
                     dst_dir.rmdir()
-    return Report(printable(str(dst)), classes, reports)
+    return Report(str(dst), classes, reports)
 
 
 def _paths(src: str | os.PathLike, dst: str | os.PathLike) -> tuple[Path, Path]:
     """Both folders resolved (symlinks followed, so a DST that links into SRC is seen), SRC checked."""
-    shown_src, shown_dst = printable(str(src)), printable(str(dst))
+    shown_src, shown_dst = str(src), str(dst)
     try:
         src_dir, dst_dir = Path(src).resolve(), Path(dst).resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError after
@@ -261,10 +264,10 @@ def _check_targets(dst: Path, names: list[str]) -> None:
         except FileNotFoundError:
             continue
         except OSError as e:
-            raise ValueError(f"cannot check {printable(str(path))} ({folder.refusal_reason(e)}); "
+            raise ValueError(f"cannot check {path} ({folder.refusal_reason(e)}); "
                              "fix it or choose another DST") from None
         if stat.S_ISDIR(mode):
-            raise ValueError(f"{printable(str(path))} is a folder, and speedrun data prepare writes its {name} "
+            raise ValueError(f"{path} is a folder, and speedrun data prepare writes its {name} "
                              "there; move it out of DST (or choose another DST)")
 
 
@@ -283,7 +286,7 @@ def _write_split(split: str, files: list[SourceFile], stage: Path, report: Split
                 if isinstance(out, str):  # prepare_image's one line: it names the file and the fix
                     if on_error == "stop":
                         raise ValueError(f"{out}, or pass --on-error skip to leave such files out")
-                    report.skipped.append(printable(files[i].rel))
+                    report.skipped.append(files[i].rel)
                     warn(f"{split}: skipped: {out}")
                     continue
                 report.written += 1
@@ -330,7 +333,7 @@ def _locked(dst: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"another speedrun data prepare is writing {printable(str(dst))}; wait for it to "
+            raise ValueError(f"another speedrun data prepare is writing {dst}; wait for it to "
                              "end") from None
         yield
     finally:

@@ -37,7 +37,6 @@ from PIL import Image, UnidentifiedImageError
 
 from speedrun.data.loader import steps_for
 from speedrun.data.shards import Shards
-from speedrun.errors import printable
 
 MAX_DECODE_SIDE_PX = 8192  # a shard's JPEG is prepared at <= 8192 px (data/prepare.py); larger is not ours
 RRC_TRIES = 10  # torchvision's RandomResizedCrop draws up to 10 boxes before it falls back to a central crop
@@ -135,15 +134,15 @@ class ShardImages(torch.utils.data.Dataset):
             blobs, sizes = [], torch.empty(len(indices), 2, dtype=torch.int64)
             for k, i in enumerate(indices):
                 data = shards.read(i)
-                sizes[k] = torch.tensor(header_size(data, f"sample {i} of {printable(self.split)} in "
-                                                          f"{printable(str(self.root))}"))
+                sizes[k] = torch.tensor(header_size(data, f"sample {i} of {self.split} in "
+                                                          f"{self.root}"))
                 blobs.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
             return blobs, self.labels[indices], sizes
         images = np.empty((len(indices), d, d, 3), dtype=np.uint8)
         sizes = np.empty((len(indices), 2), dtype=np.int64)
         for k, i in enumerate(indices):
             images[k], sizes[k, 0], sizes[k, 1] = decode(shards.read(i), d, f"sample {i} of "
-                                                         f"{printable(self.split)} in {printable(str(self.root))}")
+                                                         f"{self.split} in {self.root}")
         # (b, D, D, 3) -> (b, 3, D, D) as a view: the device copy makes it contiguous in whichever layout it needs
         return torch.from_numpy(images).permute(0, 3, 1, 2), self.labels[indices], torch.from_numpy(sizes)
 
@@ -284,7 +283,7 @@ class ShardLoader:
         self.device_decode = device_decode
         self.dataset = ShardImages(root, split, decode_px, raw=device_decode is not None)
         if len(self.dataset) == 0:
-            raise ValueError(f"the {printable(split)} split in {printable(root)} has no images; run speedrun data "
+            raise ValueError(f"the {split} split in {root} has no images; run speedrun data "
                              "prepare on a folder with images")
         self.batch_size, self.device, self.mean, self.std = batch_size, device, mean, std
         self.res_at, self.workers, self.dtype, self.channels_last = res_at, workers, dtype, channels_last

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.errors import printable
-
 INDEX_COLUMNS = ("shard", "offset", "size", "label")
 MAX_SAMPLE_BYTES = 64 * 2**20  # one prepared JPEG; a 512-px q95 image is well under 1 MiB
 MAX_SAMPLES = 2**28  # rows of one index (8 GiB of it): ImageNet-21k has 14 million images
@@ -138,7 +136,7 @@ class Shards:
 
     def __init__(self, root: str | os.PathLike, split: str):
         self.root, self.split = Path(root), split
-        where = printable(str(self.root / f"{split}-index.npy"))
+        where = str(self.root / f"{split}-index.npy")
         index = _load_index(self.root / f"{split}-index.npy", where)
         shards = sorted(set(index[:, 0].tolist())) if len(index) else []
         sizes = {}  # each shard's size in bytes; -1 for one that is missing, not a regular file, or numbered < 0
@@ -173,7 +171,7 @@ class Shards:
     def read(self, i: int) -> bytes:
         """Sample i's JPEG bytes: one positioned read in its shard (safe to share across threads)."""
         number, offset, size, _ = (int(v) for v in self.index[i])
-        shown = printable(str(self.root / shard_name(self.split, number)))
+        shown = str(self.root / shard_name(self.split, number))
         try:
             fd = self._fds.get(number)
             if fd is None:
@@ -184,7 +182,7 @@ class Shards:
             raise ValueError(f"cannot read sample {i} from {shown} ({e.strerror or e}); run speedrun data prepare "
                              "again") from None
         if len(data) != size:
-            raise ValueError(f"{printable(shard_name(self.split, number))} ended early at sample {i}; run speedrun "
+            raise ValueError(f"{shard_name(self.split, number)} ended early at sample {i}; run speedrun "
                              "data prepare again")
         return data
 

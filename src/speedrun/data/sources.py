@@ -24,6 +24,7 @@ from speedrun.data.archive import safe_extract
 from speedrun.data.cache import cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.data.download import Remote, fetch
+from speedrun.errors import escaped_log, escaped_refusals, printable
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
 SOURCES: dict[str, Remote] = {**cifar.REMOTES, **idx.REMOTES}
@@ -35,6 +36,7 @@ def _no_log(_: str) -> None:
     pass
 
 
+@escaped_refusals
 def load_dataset(
     spec: str,
     *,
@@ -51,7 +53,8 @@ def load_dataset(
     data_dir: where a named dataset's raw files already are; looked at before downloading.
     cache_dir: downloads and caches go here; default $SPEEDRUN_DATA, else ~/.cache/speedrun.
     download: False never touches the network (cache, data_dir or files already in downloads/ only).
-    log: receives progress lines (downloads, first-read decoding, cache hits).
+    log: receives progress lines (downloads, first-read decoding, cache hits), escaped (errors.printable) as
+    what it refuses is.
     image_size: image folders only: scale every image so its shorter side is this many pixels, then centre-crop
     it square. Without it, the images of a folder must share one size.
     Every dataset returned, from the cache or freshly read, has passed `check_dataset` and `check_data_limit`.
@@ -59,7 +62,7 @@ def load_dataset(
     for name, value in (("dataset", spec), ("data_dir", data_dir), ("cache_dir", cache_dir)):
         if not isinstance(value, (str, bytes, os.PathLike)) and not (value is None and name != "dataset"):
             raise ValueError(f"{name}={value!r:.80} is not a path or name; pass a string or a pathlib.Path")
-    log = log or _no_log
+    log = _no_log if log is None else escaped_log(log)
     limits.max_dataset_bytes()  # a bad SPEEDRUN_MAX_DATA_BYTES is one error now, not a cache "rebuilt" later
     text = os.fsdecode(spec).strip()  # a bytes path that is not UTF-8 keeps its bytes as surrogates
     lowered = text.lower()
@@ -77,7 +80,7 @@ def load_dataset(
         return _accept(_load_named(lowered, data_dir, cache_root, download, log), lowered)
     path = Path(text).expanduser()
     if text and _exists(path):
-        return _accept(_load_path(path, cache_root, log, image_size), folder.printable(str(path)))
+        return _accept(_load_path(path, cache_root, log, image_size), str(path))
     raise ValueError(
         f"unknown dataset {text!r}: use one of {', '.join(SOURCES)}, synthetic or synthetic:key=val,..., "
         f"or a path that exists (image folder with train/ and test/, CIFAR batches or .tar.gz, IDX files)"
@@ -107,7 +110,7 @@ def _exists(path: Path) -> bool:
     try:
         return path.exists()
     except OSError as e:  # Path.exists ignores ENOENT, ENOTDIR and ELOOP, not EACCES
-        shown = folder.printable(str(path))
+        shown = str(path)
         raise ValueError(f"cannot look at {shown} ({e.strerror}); check its permissions") from None
 
 
@@ -190,7 +193,7 @@ def _detect(path: Path) -> _Found:
     if path.is_file():
         if path.name.endswith((".tar.gz", ".tgz", ".tar")):
             return _Found("archive", path, (path,))
-        raise ValueError(f"{folder.printable(str(path))} is a file but not a .tar.gz archive; pass a CIFAR archive or "
+        raise ValueError(f"{path} is a file but not a .tar.gz archive; pass a CIFAR archive or "
                          "a dataset folder")
     if folder.is_image_folder(path):
         return _Found("folder", path)
@@ -204,7 +207,7 @@ def _detect(path: Path) -> _Found:
     if files is not None:
         return _Found("idx", path, tuple(files.values()), tuple(files.items()))
     raise ValueError(
-        f"{folder.printable(str(path))} holds no dataset: expected train/ and test/ class folders, CIFAR python "
+        f"{path} holds no dataset: expected train/ and test/ class folders, CIFAR python "
         f"batches (data_batch_N + test_batch, or train + test + meta), a cifar-*-python.tar.gz, or IDX files"
     )
 
@@ -213,21 +216,22 @@ def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = 
     found = _detect(path)
     if image_size is not None and found.kind != "folder":
         holds = "a CIFAR archive" if found.kind == "archive" else f"{found.kind} files"
-        raise ValueError(f"image_size (--image-size) applies to image folders only, but {folder.printable(str(path))} "
+        raise ValueError(f"image_size (--image-size) applies to image folders only, but {path} "
                          f"holds {holds}; leave it out")
     # Extracted CIFAR batches are named by kind; other sources by their folder or archive name (an
     # archive's kind is known only after extraction, and build() names the Dataset then).
     base = path.resolve().name
     base = base[: -len(".tar.gz")] if base.endswith(".tar.gz") else Path(base).stem if path.is_file() else base
-    # printable: the name is shown and stored in results; a folder name that is not UTF-8 could not be printed.
-    name = found.kind if found.kind in cifar.ARCHIVE_NAMES else folder.printable(base) or "dataset"
+    # Escaped once, as a stored name: results, the cache and model cards keep it (a folder name that is not UTF-8
+    # could not be written as UTF-8), and every message shows it as it is stored.
+    name = found.kind if found.kind in cifar.ARCHIVE_NAMES else printable(base) or "dataset"
     return _load_found(found, cache_root, log, name=name, classes=(), image_size=image_size)
 
 
 def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes: tuple[str, ...],
                 image_size: int | None = None) -> Dataset:
     source_id = f"{name}@{found.path.resolve()}"
-    shown = folder.printable(str(found.path))
+    shown = str(found.path)
     if found.kind == "folder":
         class_names, splits = folder.list_images(found.path)
         content = folder.fingerprint(found.path, splits)

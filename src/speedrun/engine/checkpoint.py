@@ -30,7 +30,6 @@ import safetensors.torch
 import torch
 
 from speedrun.data import limits
-from speedrun.errors import printable
 
 CHECKPOINT_FORMAT = "speedrun-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -80,7 +79,7 @@ class _Unusable(Exception):  # why a file cannot be used; load_checkpoint adds t
 
 
 def _one_line(e: BaseException) -> str:
-    return printable(" ".join(str(e).split()))[:160]
+    return " ".join(str(e).split())[:160]
 
 
 def checkpoint_name(run: int, step: int) -> str:
@@ -179,7 +178,7 @@ def save_checkpoint(directory: str | Path, run: int, step: int, state: dict, met
     metadata = {"format": CHECKPOINT_FORMAT, "version": str(CHECKPOINT_VERSION), "skeleton": skeleton,
                 "meta": meta_text, "sha256": checkpoint_digest(skeleton, meta_text, tensors)}
     if directory.exists() and not directory.is_dir():
-        raise ValueError(f"checkpoint directory {printable(str(directory))} is a file; give a directory with "
+        raise ValueError(f"checkpoint directory {directory} is a file; give a directory with "
                          "--checkpoint-dir, or move the file away")
     tmp = None
     try:
@@ -200,7 +199,7 @@ def save_checkpoint(directory: str | Path, run: int, step: int, state: dict, met
             os.close(fd)
     except (OSError, safetensors.SafetensorError) as e:
         why = getattr(e, "strerror", None) or _one_line(e)
-        raise ValueError(f"could not write checkpoint {printable(str(final))} ({why}); free some disk space, or give a "
+        raise ValueError(f"could not write checkpoint {final} ({why}); free some disk space, or give a "
                          "writable --checkpoint-dir") from None
     finally:
         if tmp is not None:
@@ -245,7 +244,7 @@ def _read(path: Path, shown: str) -> tuple[dict, dict]:
             count = len(f.keys())
             if metadata.get("format") != CHECKPOINT_FORMAT:
                 raise _Unusable(f"not a speedrun checkpoint: no format {CHECKPOINT_FORMAT!r} in its metadata")
-            version = printable(str(metadata.get("version")))[:20]
+            version = str(metadata.get("version"))[:20]
             if version != str(CHECKPOINT_VERSION):
                 raise _Unusable(f"checkpoint version {version!r}; this speedrun reads version {CHECKPOINT_VERSION}")
             # Keys other than 0 .. count-1 fail here. clone(): get_tensor maps the file; a copy leaves nothing
@@ -275,7 +274,7 @@ def _read(path: Path, shown: str) -> tuple[dict, dict]:
 def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
     """(state, meta) from a checkpoint file, tensors on the CPU; a file that cannot be used raises CheckpointError."""
     path = Path(path)
-    shown = printable(str(path))
+    shown = str(path)
     try:
         return _read(path, shown)
     except _Unusable as e:
@@ -292,7 +291,7 @@ def find_checkpoint(where: str | Path, log: Callable[[str], None]) -> tuple[dict
         try:
             state, meta = load_checkpoint(where)
         except CheckpointError as e:  # a file the user named: not theirs to delete, perhaps not a checkpoint at all
-            raise CheckpointError(f"{printable(str(where))} is not a usable speedrun checkpoint ({e.reason}); give a "
+            raise CheckpointError(f"{where} is not a usable speedrun checkpoint ({e.reason}); give a "
                                   "checkpoint file (ckpt-RUN-STEP.safetensors) or its folder to --resume",
                                   e.reason) from None
         return state, meta, where
@@ -309,8 +308,8 @@ def find_checkpoint(where: str | Path, log: Callable[[str], None]) -> tuple[dict
         except FileNotFoundError:
             reasons.append("it was removed while being read")
         if i + 1 < len(found):
-            log(f"checkpoint {printable(path.name)} is unusable ({reasons[-1]}); trying the previous one")
-    raise CheckpointError(f"no usable checkpoint in {printable(str(where))}: newest {printable(found[0].name)}: "
+            log(f"checkpoint {path.name} is unusable ({reasons[-1]}); trying the previous one")
+    raise CheckpointError(f"no usable checkpoint in {where}: newest {found[0].name}: "
                           f"{reasons[0]}; delete them to start afresh, or give a new --checkpoint-dir", reasons[0])
 
 
@@ -322,8 +321,8 @@ def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozens
         return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
 
     def differ(field: str, old: Any, new: Any) -> ValueError:
-        old_text, new_text = ("missing" if v is _MISSING else printable(repr(v))[:100] for v in (old, new))
-        return ValueError(f"checkpoint {printable(Path(path).name)} was made with {field}={old_text}; this run has "
+        old_text, new_text = ("missing" if v is _MISSING else repr(v)[:100] for v in (old, new))
+        return ValueError(f"checkpoint {Path(path).name} was made with {field}={old_text}; this run has "
                           f"{field}={new_text}: resume with the same settings, or start afresh without --resume (or "
                           "with a new --checkpoint-dir)")
 

@@ -20,7 +20,7 @@ from speedrun import dist
 from speedrun.config import check_int, field_types
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device
-from speedrun.errors import note_kept
+from speedrun.errors import note_kept, print_line
 from speedrun.records import db
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
@@ -96,7 +96,7 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) 
 def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
           runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
-          overrides: dict[str, Any] | None = None, log=print) -> dict:
+          overrides: dict[str, Any] | None = None, log=print_line) -> dict:
     """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module).
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the

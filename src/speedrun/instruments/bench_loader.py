@@ -33,7 +33,7 @@ from speedrun.data.shard_loader import ShardLoader, device_decoder, random_resiz
 from speedrun.data.shards import Shards
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
-from speedrun.errors import printable
+from speedrun.errors import print_line
 from speedrun.records.environment import device_label, environment
 from speedrun.records.stats import mean_diff_test, summarize
 
@@ -68,17 +68,17 @@ def _check(name: str, value: int, low: int, high: int) -> int:
 def find_split(root: Path, split: str | None) -> str:
     """The split of DIR to read: `split`, or train, or the only one there; ValueError naming what is there."""
     if not root.is_dir():
-        raise ValueError(f"{printable(str(root))} is not a folder; give the folder `speedrun data prepare` wrote")
+        raise ValueError(f"{root} is not a folder; give the folder `speedrun data prepare` wrote")
     present = [s for s in SPLITS if (root / f"{s}-index.npy").is_file()]
     if not present:
-        raise ValueError(f"{printable(str(root))} holds no prepared shards (no train-, val- or test-index.npy); "
-                         f"run speedrun data prepare SRC {printable(str(root))} first")
+        raise ValueError(f"{root} holds no prepared shards (no train-, val- or test-index.npy); "
+                         f"run speedrun data prepare SRC {root} first")
     if split is None:
         if "train" in present or len(present) == 1:
             return "train" if "train" in present else present[0]
-        raise ValueError(f"{printable(str(root))} has the splits {', '.join(present)}; choose one with --split")
+        raise ValueError(f"{root} has the splits {', '.join(present)}; choose one with --split")
     if split not in present:
-        raise ValueError(f"--split {printable(split)}: {printable(str(root))} has {', '.join(present)}")
+        raise ValueError(f"--split {split}: {root} has {', '.join(present)}")
     return split
 
 
@@ -86,10 +86,10 @@ def baseline_files(src: Path, split: str) -> tuple[list[str], list[int]]:
     """The original images of `split` under SRC (a train/val/test tree or class folders: data/prepare.py's
     layouts), or of its only split; (paths, labels)."""
     if not src.is_dir():
-        raise ValueError(f"--baseline {printable(str(src))} is not a folder; give the original images' folder")
+        raise ValueError(f"--baseline {src} is not a folder; give the original images' folder")
     _, splits, _ = list_source(src)
     if split not in splits and len(splits) != 1:
-        raise ValueError(f"--baseline {printable(str(src))} has no {split}/ folder (it has "
+        raise ValueError(f"--baseline {src} has no {split}/ folder (it has "
                          f"{', '.join(splits)}); give the tree the shards were prepared from")
     files = splits[split] if split in splits else next(iter(splits.values()))
     return [f.path for f in files], [f.label for f in files]
@@ -153,7 +153,7 @@ def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, 
 def _count(root: Path, split: str) -> int:
     with Shards(root, split) as shards:
         if len(shards) == 0:
-            raise ValueError(f"the {printable(split)} split in {printable(str(root))} has no images")
+            raise ValueError(f"the {split} split in {root} has no images")
         return len(shards)
 
 
@@ -180,7 +180,7 @@ def measure(batches: Iterator, *, warmup: int, count: int, res: int, device: tor
 
 def bench_loader(root: str, *, split: str | None = None, workers: list[int], res: list[int], batch: int,
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
-                 seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print) -> dict:
+                 seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print_line) -> dict:
     """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
     root_path = Path(root)
     split = find_split(root_path, split)

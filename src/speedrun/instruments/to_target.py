@@ -29,6 +29,7 @@ from speedrun import dist
 from speedrun.config import check_int
 from speedrun.data.loader import steps_for
 from speedrun.engine.system import resolve_device
+from speedrun.errors import print_line
 from speedrun.instruments.bench import measured_run, stopped_by
 from speedrun.instruments.variants import off_text, split_tricks
 from speedrun.records.environment import environment
@@ -92,7 +93,7 @@ def search(measure: Callable[[int], tuple[bool, Any]], start: int, floor: int, c
 
 def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, dataset: str | None = None,
               device: str = "auto", seed: int = 0, epochs: float | None = None, data_dir=None,
-              overrides: dict[str, Any] | None = None, log=print) -> dict:
+              overrides: dict[str, Any] | None = None, log=print_line) -> dict:
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
     rec = runner.get_recipe(recipe)
     family = rec.module()

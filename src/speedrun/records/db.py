@@ -15,7 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from speedrun.errors import printable
 from speedrun.records.result_file import load_result
 
 BUSY_TIMEOUT_S = 30.0
@@ -146,7 +145,7 @@ def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) ->
     readonly: an existing database of the current version, opened for reading only (speedrun report): nothing is
     created, migrated or switched to WAL, so a read-only file or one another user owns can be read."""
     path = default_db_path() if path is None else Path(path).expanduser()
-    name = printable(str(path))
+    name = str(path)
     if path.is_dir():
         raise ValueError(f"results database {name} is a directory; {_FIX}")
     try:

@@ -12,7 +12,6 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from speedrun.errors import printable
 from speedrun.records.result_file import write_text
 from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
                                      leaderboards, newest_reports, p_text, pm_text, provenance, report_title,
@@ -26,10 +25,11 @@ def _md_provenance(report: dict) -> str:
 
 
 def _md(cell: str) -> str:
-    """A table cell's text as Markdown shows it: stored text must not become markup (a `<script>` or a marker line
-    in a recipe name), nor end the cell."""
-    return (cell.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
-            .replace("`", "'"))
+    """A table cell's text as Markdown shows it: stored text must not become markup (a `<script>`, a marker line or
+    a `[link](url)` in a dataset name), nor end the cell. Backslashes are doubled first, so that one before a `|`
+    cannot undo its escape."""
+    return (cell.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("`", "'"))
 
 
 def _code(text: str) -> str:
@@ -115,7 +115,7 @@ def prepare_marked(path: str | Path, sections: dict[str, str], flag: str = "--wr
     file a symlink names (the link is kept), a regular UTF-8 file of bounded size that the user may write."""
     if not str(path):
         raise ValueError(f"{flag} needs a file name, e.g. {flag} README.md")
-    where = printable(str(path))
+    where = str(path)
     real = Path(os.path.realpath(path))
     try:
         info = os.stat(real)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.errors import printable
+from speedrun.errors import print_line
 from speedrun.records import db
 from speedrun.records.result_file import write_text
 from speedrun.report import html as report_html
@@ -37,7 +37,7 @@ def check_out(text: str | None, default: str = DEFAULT_OUT) -> Path:
     never another file."""
     if text == "":
         raise ValueError("--out needs a file name, e.g. --out report.html")
-    where = printable(text or default)
+    where = text or default
     path = Path(os.path.realpath(text or default))
     try:
         info = os.stat(path)
@@ -61,14 +61,14 @@ def check_out(text: str | None, default: str = DEFAULT_OUT) -> Path:
 
 
 def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None, readme: str | None = None,
-            benchmarks: str | None = None, log: Callable[[str], None] = print) -> None:
+            benchmarks: str | None = None, log: Callable[[str], None] = print_line) -> None:
     """The page written to `out` (DEFAULT_OUT when neither readme nor benchmarks is given), and the generated
     sections of `readme` and `benchmarks` rewritten; `log` gets one line per file written. Everything is read and
     checked first, then written; a database that holds anything draws a bounded page, never a traceback."""
 
     path = db.default_db_path() if db_path is None else Path(db_path)
     if not os.path.exists(path):  # connect would create an empty database: say what is missing instead
-        raise ValueError(f"no results database at {printable(str(path))}; train something first "
+        raise ValueError(f"no results database at {path}; train something first "
                          "(speedrun train) or give one with --db PATH")
     page = out is not None or (readme is None and benchmarks is None)
     out_path = check_out(out) if page else None
@@ -85,12 +85,12 @@ def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None,
                                                     "--benchmarks"))
                 html = report_html.page(conn) if page else None
         except sqlite3.Error as e:  # a damaged file, or tables changed by hand
-            raise ValueError(f"cannot read the results database {printable(str(path))} ({e}); it is damaged or "
+            raise ValueError(f"cannot read the results database {path} ({e}); it is damaged or "
                              f"was changed by another program; give another with --db PATH") from None
     for target, text, mode in writes:
         write_text(target, text, mode)
-        log(f"rewrote the generated section of {printable(str(target))}")
+        log(f"rewrote the generated section of {target}")
     if html is not None:
         check_out(out)  # again: drawing takes seconds; a file may have appeared
         write_text(out_path, html)
-        log(f"report: {printable(str(out_path))} ({len(html.encode()) // 1024} KB)")
+        log(f"report: {out_path} ({len(html.encode()) // 1024} KB)")

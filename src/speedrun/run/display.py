@@ -6,6 +6,10 @@ Warnings and errors are not this module's: they are printed whatever the verbosi
 
 When stderr is not a terminal (piped to a file, a CI log, a batch job) a redrawn bar would be lost, so progress is
 written as plain lines at every tenth of the run instead, and no line is wrapped at 80 columns.
+
+Lines and names are escaped here, as they are shown (errors.printable): the messages carry a file or dataset name
+as it is, and its newline or ESC must not break a line or reach the terminal. Nor is any of it read as rich's
+markup ("[bold]" in a folder name is shown as it is).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from speedrun.errors import printable
 from speedrun.records.stats import summarize
 
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
@@ -55,16 +61,17 @@ class Display:
     def line(self, text: str) -> None:
         if not self.verbose:
             return
+        text = printable(text)
         if self._held is None:
             self.err.print(text, highlight=False, markup=False)
             return
         self._held.append(text)
         if self.err.is_terminal:
             if self._status is None:
-                self._status = self.err.status(text, spinner="line")
+                self._status = self.err.status(Text(text), spinner="line")
                 self._status.start()
             else:
-                self._status.update(text)
+                self._status.update(Text(text))
 
     def release(self) -> None:
         """Every check has passed: print the held lines, and print lines at once from now on."""
@@ -127,10 +134,10 @@ class Display:
     def summary(self, result) -> None:
         if not self.show_summary or not result.runs:
             return
-        title = f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}"
+        title = printable(f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}")
         if result.smoke_test:
             title = "SMOKE TEST (pipeline check, not a result): " + title
-        table = Table(title=title, title_justify="left")
+        table = Table(title=Text(title, style="table.title"), title_justify="left")
         for col in ("", "mean", "std", "95% CI of mean", "min", "max"):
             table.add_column(col, justify="right")
         if result.finished:

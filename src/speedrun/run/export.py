@@ -23,7 +23,7 @@ from speedrun.data import folder
 from speedrun.dist import unwrap
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
-from speedrun.errors import printable, warn
+from speedrun.errors import escaped_refusals, printable, warn
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
@@ -39,11 +39,11 @@ def model_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     try:
         p = Path(text).expanduser()
     except RuntimeError:  # "~nobody/m": no such user
-        raise ValueError(f"model path {printable(text)!r}: cannot expand its ~; give the folder in full") from None
+        raise ValueError(f"model path {text!r}: cannot expand its ~; give the folder in full") from None
     if p.suffix in (".safetensors", ".json"):
         p = p.with_suffix("")
     if not text.strip() or text.endswith(("/", os.sep)) or "\0" in text or p.name in ("", ".", ".."):
-        raise ValueError(f"model path {printable(text)!r} names no file; give a file name such as models/cifar "
+        raise ValueError(f"model path {text!r} names no file; give a file name such as models/cifar "
                          "(written as models/cifar.safetensors + models/cifar.json)")
     return p.with_name(p.name + ".safetensors"), p.with_name(p.name + ".json")
 
@@ -53,24 +53,24 @@ def check_save_path(path: str | os.PathLike) -> Path:
     Returns the path without suffix; creates nothing."""
     weights, card = model_paths(path)
     if os.path.isdir(os.fsdecode(path)):  # "models" meant as the folder to save into, most likely
-        raise ValueError(f"--save {printable(os.fsdecode(path))} is a folder; give a file name in it, such as "
-                         f"{printable(os.path.join(os.fsdecode(path), 'model'))} (written as .safetensors + .json)")
+        raise ValueError(f"--save {os.fsdecode(path)} is a folder; give a file name in it, such as "
+                         f"{os.path.join(os.fsdecode(path), 'model')} (written as .safetensors + .json)")
     for p in (weights, card):
         if len(os.fsencode(p.name)) > 255:
-            raise ValueError(f"model file name {printable(p.name)[:60]}... is over 255 bytes; choose a shorter --save "
+            raise ValueError(f"model file name {p.name[:60]}... is over 255 bytes; choose a shorter --save "
                              "path")
         if os.path.lexists(p):
-            raise ValueError(f"{printable(str(p))} already exists and is never replaced; choose a new --save path or "
+            raise ValueError(f"{p} already exists and is never replaced; choose a new --save path or "
                              "move the old file away")
     existing = weights.parent  # the nearest folder that exists: save_model creates the rest
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    where = printable(str(weights.parent))
+    where = str(weights.parent)
     if not os.path.isdir(existing):
-        raise ValueError(f"cannot save the model in {where}: {printable(str(existing))} is not a folder; choose "
+        raise ValueError(f"cannot save the model in {where}: {existing} is not a folder; choose "
                          "another --save path")
     if not os.access(existing, os.W_OK | os.X_OK):  # access(2) also reports a read-only file system
-        raise ValueError(f"cannot save the model in {where}: {printable(str(existing))} is not writable; choose a "
+        raise ValueError(f"cannot save the model in {where}: {existing} is not writable; choose a "
                          "writable --save path")
     return weights.with_name(weights.name[:-len(".safetensors")])
 
@@ -138,10 +138,11 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     try:  # what load() would refuse is never written
         files.match_state(files.expected_state(files.parse_card({**full, "weights_sha256": "0" * 64})), tensors)
     except files.Unusable as e:
-        raise ValueError(f"cannot save the model as {printable(str(weights))}: its card or network is not valid "
+        raise ValueError(f"cannot save the model as {weights}: its card or network is not valid "
                          f"({e})") from None
     files.write_files(weights, card_path, tensors, full)
-    return f"{printable(str(weights))} + {printable(card_path.name)}"
+    # Escaped as a stored name: the result file and the database keep it (saved_model), the log shows it.
+    return printable(f"{weights} + {card_path.name}")
 
 
 def check_save(save, world: dist.World, json_path=None) -> Path | None:
@@ -153,8 +154,8 @@ def check_save(save, world: dist.World, json_path=None) -> Path | None:
     save_path = save_path if world.is_main else Path(os.fspath(save))
     if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
             p.resolve() for p in model_paths(save)]:
-        raise ValueError(f"--save {printable(os.fspath(save))} would write the result file's name "
-                         f"({printable(os.fspath(json_path))}); choose another --save or --json")
+        raise ValueError(f"--save {os.fspath(save)} would write the result file's name "
+                         f"({os.fspath(json_path)}); choose another --save or --json")
     return save_path
 
 
@@ -166,6 +167,7 @@ def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset:
     return save_model(path, unwrap(model), card)
 
 
+@escaped_refusals
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
     """`speedrun.load(PATH)`: the model saved at PATH (PATH, PATH.safetensors or PATH.json), checked as
     model_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
@@ -175,11 +177,11 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting is a RecursionError
             card = json.loads(files.read_bytes(card_path, files.MAX_CARD_BYTES).decode("utf-8"))
         except (ValueError, RecursionError) as e:
-            raise files.Unusable(f"not valid JSON ({type(e).__name__}: {printable(str(e))[:100]})") from None
+            raise files.Unusable(f"not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
         spec = files.parse_card(card)
         expected = files.expected_state(spec)
     except files.Unusable as e:
-        raise ValueError(f"saved model card {printable(str(card_path))} is unusable: {e}; {_FIX}") from None
+        raise ValueError(f"saved model card {card_path} is unusable: {e}; {_FIX}") from None
     try:
         blob = files.read_bytes(weights, None)
         if hashlib.sha256(blob).hexdigest() != spec.sha256:  # before safetensors parses a byte of it
@@ -189,11 +191,11 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
             tensors = safetensors.torch.load(blob)
         except Exception as e:  # noqa: BLE001 -- safetensors' errors for a bad header, offsets or dtype vary
             raise files.Unusable(f"not a valid safetensors file ({type(e).__name__}: "
-                                 f"{printable(str(e))[:100]})") from None
+                                 f"{str(e)[:100]})") from None
         del blob
         files.match_state(expected, tensors)
     except files.Unusable as e:
-        raise ValueError(f"saved model weights {printable(str(weights))} are unusable: {e}; {_FIX}") from None
+        raise ValueError(f"saved model weights {weights} are unusable: {e}; {_FIX}") from None
     net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))
     net.load_state_dict(tensors)  # names, shapes and dtypes were matched above
     return TrainedModel(net, card).to(device).eval()
@@ -215,13 +217,13 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
     (c, h, w), k = model.image_shape, len(model.classes)
     if data.image_shape != model.image_shape or data.num_classes != k:
         dc, dh, dw = data.image_shape
-        raise ValueError(f"model {printable(os.fsdecode(path))} takes {c}x{h}x{w} images of {k} classes, but "
-                         f"{printable(data.name)} has {dc}x{dh}x{dw} images of {data.num_classes} classes; evaluate "
+        raise ValueError(f"model {os.fsdecode(path)} takes {c}x{h}x{w} images of {k} classes, but "
+                         f"{data.name} has {dc}x{dh}x{dw} images of {data.num_classes} classes; evaluate "
                          f"it on data like its training set (an image folder's images are resized to {h}x{h} by "
                          f"--image-size {h})")
     if list(data.classes) != model.classes:
         i = next(i for i, (a, b) in enumerate(zip(data.classes, model.classes)) if a != b)
-        warn(f"{printable(data.name)}'s class {i} is {printable(data.classes[i])!r} but the model's is "
+        warn(f"{data.name}'s class {i} is {data.classes[i]!r} but the model's is "
              f"{model.classes[i]!r}; the accuracy takes label i to mean the model's class i")
     with torch.no_grad():
         accuracy = evaluate(model.net, data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
@@ -233,14 +235,13 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
 
 def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
     """One image file as the model takes it: uint8 (c, h, w), decoded under folder.py's limits."""
-    shown = printable(file)
     if not os.path.isfile(file):
         what = "is not a regular file" if os.path.lexists(file) else "does not exist"
-        raise ValueError(f"{shown} {what}; give image files (.jpg, .jpeg or .png)")
+        raise ValueError(f"{file} {what}; give image files (.jpg, .jpeg or .png)")
     # Square models: the shorter side scaled to the model's and centre-cropped, as `--image-size` does.
     pixels = folder.decode_one(file, h if h == w else None)  # (1 or 3, H, W)
     if pixels.shape[1:] != (h, w):
-        raise ValueError(f"{shown} is {pixels.shape[2]}x{pixels.shape[1]} px but this model takes {w}x{h} images "
+        raise ValueError(f"{file} is {pixels.shape[2]}x{pixels.shape[1]} px but this model takes {w}x{h} images "
                          f"(it was trained on images that are not square); resize it to {w}x{h}")
     if c == 3 and pixels.shape[0] == 1:
         pixels = np.repeat(pixels, 3, axis=0)  # grey -> RGB by replication, as folder.decode
@@ -260,7 +261,7 @@ def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
     model = load(path, resolve_device(device))
     c, h, w = model.image_shape
     if c not in (1, 3):
-        raise ValueError(f"model {printable(os.fsdecode(path))} takes {c}-channel images; image files give 1 "
+        raise ValueError(f"model {os.fsdecode(path)} takes {c}-channel images; image files give 1 "
                          "(grey) or 3 (RGB)")
     paths = [os.fsdecode(f) for f in images]
     out = []

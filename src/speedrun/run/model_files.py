@@ -34,7 +34,6 @@ import torch
 from speedrun._version import __version__
 from speedrun.config import apply_overrides
 from speedrun.data import limits
-from speedrun.errors import printable
 from speedrun.recipes import RECIPES
 from speedrun.tricks.tta import tta_logits
 
@@ -69,7 +68,7 @@ def _finite(x: Any) -> bool:
 
 
 def _shown(v: Any) -> str:
-    return f"a list of {len(v):,}" if isinstance(v, list) else printable(repr(v))[:60]
+    return f"a list of {len(v):,}" if isinstance(v, list) else repr(v)[:60]
 
 
 def parse_card(card: Any) -> CardSpec:
@@ -91,7 +90,7 @@ def parse_card(card: Any) -> CardSpec:
         cfg = apply_overrides(recipe.make_config(), card["config"])
         cfg.validate()
     except ValueError as e:
-        raise Unusable(f"config: {printable(str(e))}") from None
+        raise Unusable(f"config: {e}") from None
     classes = card.get("classes")
     need(isinstance(classes, list) and 2 <= len(classes) <= limits.MAX_CLASSES,
          f"classes must be a list of 2 to {limits.MAX_CLASSES:,} names, got {_shown(classes)}")
@@ -130,7 +129,7 @@ def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:
             net = spec.family.build_model(spec.cfg, c, len(spec.classes)).eval()
             out = tta_logits(net, torch.empty(1, c, h, w), spec.tta_level)
     except Exception as e:  # noqa: BLE001 -- whatever the network raises, the card's shape and config do not fit
-        raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {printable(str(e))[:120]})")
+        raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {str(e)[:120]})")
     if tuple(out.shape) != (1, len(spec.classes)):
         raise Unusable(f"its network gives {tuple(out.shape)} logits per image, not (1, {len(spec.classes)})")
     return net.state_dict()
@@ -146,12 +145,12 @@ def match_state(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor])
                            f"{want.dtype} {list(want.shape)}")
     extra = sorted(set(got) - set(expected))
     if extra:
-        raise Unusable(f"it holds a tensor {printable(extra[0])[:80]!r} that the card's network does not have")
+        raise Unusable(f"it holds a tensor {extra[0][:80]!r} that the card's network does not have")
 
 
 def read_bytes(path: Path, limit: int | None) -> bytes:
     """The whole file, at most `limit` bytes (else as much as memory holds three times: bytes, tensors, network)."""
-    shown = printable(str(path))
+    shown = str(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -178,7 +177,7 @@ def read_bytes(path: Path, limit: int | None) -> bytes:
 def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor], card: dict) -> None:
     """The tensors at `weights` and the card, with the weights' SHA-256 added, at `card_path`. Neither replaces a
     file, and a failure leaves neither behind."""
-    shown = printable(str(weights))
+    shown = str(weights)
     temps: list[str] = []
     made: list[Path] = []
     try:
@@ -198,7 +197,7 @@ def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor]
     except _Taken:
         raise
     except (OSError, safetensors.SafetensorError, TypeError, ValueError) as e:  # ValueError: a NaN in the card
-        reason = getattr(e, "strerror", None) or printable(str(e))[:200]
+        reason = getattr(e, "strerror", None) or str(e)[:200]
         raise ValueError(f"could not write the model {shown} ({reason}); free disk space or choose another --save "
                          "path") from None
     finally:
@@ -226,7 +225,7 @@ def _sync(path: str) -> str:
 
 class _Taken(ValueError):
     def __init__(self, final: Path):
-        super().__init__(f"{printable(str(final))} appeared while the model was being saved and is never replaced; "
+        super().__init__(f"{final} appeared while the model was being saved and is never replaced; "
                          "choose a new --save path")
 
 

@@ -22,7 +22,6 @@ from speedrun import dist
 from speedrun.engine.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
                                         load_checkpoint, save_checkpoint)
 from speedrun.engine.loop import RunResult
-from speedrun.errors import printable
 from speedrun.records.result_file import load_result
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
@@ -59,7 +58,7 @@ class Plan:
             if directory is not None:
                 _check_writable_dir(directory)
                 if resume is None and list_checkpoints(directory):
-                    raise ValueError(f"{printable(str(directory))} already holds checkpoints (of another command, or "
+                    raise ValueError(f"{directory} already holds checkpoints (of another command, or "
                                      "an earlier one of this); add --resume auto to continue from them, or choose a "
                                      "new --checkpoint-dir")
 
@@ -77,14 +76,14 @@ class Plan:
             state, meta = load_checkpoint(chosen)
             found = (state, meta, Path(chosen))
         if found is None and self.resume != "auto":
-            raise ValueError(f"no checkpoint in {printable(str(where))} to resume; give a checkpoint file or folder "
+            raise ValueError(f"no checkpoint in {where} to resume; give a checkpoint file or folder "
                              "(--resume), or --resume auto to start afresh when there is none yet")
         if found is None:
-            log(f"no checkpoint in {printable(str(where))} yet: starting afresh")
+            log(f"no checkpoint in {where} yet: starting afresh")
         else:
             run, step = found[1].get("run"), found[1].get("step")  # checked in check_found; shown as they are
-            log(f"resuming from {printable(str(found[2]))} (run index {printable(repr(run))[:20]}, step "
-                f"{printable(repr(step))[:20]})")
+            log(f"resuming from {found[2]} (run index {repr(run)[:20]}, step "
+                f"{repr(step)[:20]})")
         return found
 
     def check_found(self, found: Found | None, meta: dict | None, may_differ: frozenset[str],
@@ -102,10 +101,10 @@ class Plan:
             if not isinstance(run, int) or isinstance(run, bool) or run < 0 or len(finished) != run:
                 raise TypeError("run index")
         except (KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"checkpoint {printable(path.name)} has malformed run records ({e}); delete it "
+            raise CheckpointError(f"checkpoint {path.name} has malformed run records ({e}); delete it "
                                   "or start afresh without --resume") from None
         if run >= runs:
-            raise ValueError(f"checkpoint {printable(path.name)} is of run {run + 1}, but --runs {runs} ends before "
+            raise ValueError(f"checkpoint {path.name} is of run {run + 1}, but --runs {runs} ends before "
                              f"it; ask for at least {run + 1} runs")
         return run, state, finished
 
@@ -170,13 +169,13 @@ def _check_writable_dir(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ValueError(f"checkpoint folder {printable(str(directory))} is a file (or under one); choose a folder "
+        raise ValueError(f"checkpoint folder {directory} is a file (or under one); choose a folder "
                          "(--checkpoint-dir)") from None
     except OSError as e:
-        raise ValueError(f"cannot create the checkpoint folder {printable(str(directory))} ({e.strerror}); choose "
+        raise ValueError(f"cannot create the checkpoint folder {directory} ({e.strerror}); choose "
                          "a writable folder (--checkpoint-dir)") from None
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"checkpoint folder {printable(str(directory))} is not writable; choose another "
+        raise ValueError(f"checkpoint folder {directory} is not writable; choose another "
                          "(--checkpoint-dir)")
 
 

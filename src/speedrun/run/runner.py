@@ -23,7 +23,7 @@ from speedrun.data import limits
 from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.engine.loop import Diverged, RunResult
 from speedrun.engine.system import resolve_device
-from speedrun.errors import SpeedrunWarning, warn
+from speedrun.errors import SpeedrunWarning, escaped_refusals, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
 from speedrun.records import db as results_db
@@ -68,6 +68,7 @@ def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
             raise ValueError(f"{name}={value!r:.80} is not {expected}")
 
 
+@escaped_refusals
 def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
           epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | None = None,
           image_size: int | None = None, json_path: str | Path | None = None, verbose: bool = False,

@@ -23,7 +23,7 @@ from speedrun.data import limits
 from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import Shards, open_regular, write_split
-from speedrun.errors import printable, warn
+from speedrun.errors import print_line, printable, warn
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.records.result_file import write_text
 
@@ -68,28 +68,28 @@ def _classes(root: Path) -> tuple[str, ...]:
             raise ValueError(f"over {MAX_CLASSES_BYTES:,} bytes")
         names = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{printable(str(root))} has no classes.json: it is not a folder written by speedrun data "
+        raise ValueError(f"{root} has no classes.json: it is not a folder written by speedrun data "
                          "prepare; run `speedrun data prepare SRC DST` and train on DST") from None
     except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nested a million deep
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         if type(e) is ValueError:
             reason = str(e)
-        raise ValueError(f"cannot read {printable(str(path))} ({reason}); {fix}") from None
+        raise ValueError(f"cannot read {path} ({reason}); {fix}") from None
     if not (isinstance(names, list) and 2 <= len(names) <= limits.MAX_CLASSES
             and all(isinstance(n, str) for n in names)):
-        raise ValueError(f"{printable(str(path))} is not a list of 2 to {limits.MAX_CLASSES:,} class names; {fix}")
+        raise ValueError(f"{path} is not a list of 2 to {limits.MAX_CLASSES:,} class names; {fix}")
     bad = next((n for n in names if not n or printable(n) != n), None)
     if bad is not None:
-        raise ValueError(f"{printable(str(path))} has the class name {printable(repr(bad))[:80]}: names are "
+        raise ValueError(f"{path} has the class name {repr(bad)[:80]}: names are "
                          f"non-empty and printable; {fix}")
     seen: set[str] = set()
     dup = next((n for n in names if n in seen or seen.add(n)), None)
     if dup is not None:
-        raise ValueError(f"{printable(str(path))} names class {printable(dup)[:80]} twice; {fix}")
+        raise ValueError(f"{path} names class {dup[:80]} twice; {fix}")
     return tuple(names)
 
 
-def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> ShardData:
+def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -> ShardData:
     """`dataset`: a folder written by `speedrun data prepare` (classes.json, train-*.tar, and val-* or test-*),
     or "synthetic" (small learnable shards made once in the data cache: imagenet-debug's default)."""
     if image_size is not None:
@@ -107,12 +107,12 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print) -> Sha
             # Our own cache, written whole (_synthetic_shards) and damaged since (files removed or cut short): the
             # advice for a prepared folder ("prepare it again") would name a command the user never ran.
 
-            warn(f"the synthetic shards in {printable(str(root))} are damaged ({e}); writing them again")
+            warn(f"the synthetic shards in {root} are damaged ({e}); writing them again")
             _remove_synthetic(root)
             return _open_prepared(_synthetic_shards(cache, log), SYNTHETIC)
     root = Path(dataset).expanduser()
     if not root.is_dir():
-        raise ValueError(f"--dataset {printable(dataset)} is not a folder; the imagenet recipes read what "
+        raise ValueError(f"--dataset {dataset} is not a folder; the imagenet recipes read what "
                          "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
     return _open_prepared(root, root.name)
 
@@ -122,17 +122,17 @@ def _open_prepared(root: Path, name: str) -> ShardData:
     classes = _classes(root)
     evals = [s for s in ("val", "test") if (root / f"{s}-index.npy").exists()]
     if not (root / "train-index.npy").exists() or not evals:
-        raise ValueError(f"{printable(str(root))} needs a train split and a val or test split (train-index.npy, "
+        raise ValueError(f"{root} needs a train split and a val or test split (train-index.npy, "
                          "val-index.npy); prepare a folder with train/ and val/ (or test/)")
     counts = []
     for split in ("train", evals[0]):
         with Shards(root, split) as shards:  # the index only (checked against the shards); nothing decoded
             labels = shards.index[:, 3]
         if len(labels) == 0:  # before training: no steps to take, or an accuracy of 0 / 0
-            raise ValueError(f"{printable(str(root))}: the {split} split has no images; prepare a folder whose "
+            raise ValueError(f"{root}: the {split} split has no images; prepare a folder whose "
                              f"{split}/ holds images")
         if int(labels.max()) >= len(classes):
-            raise ValueError(f"{printable(str(root))}: the {split} split has label {int(labels.max())} but "
+            raise ValueError(f"{root}: the {split} split has label {int(labels.max())} but "
                              f"classes.json names {len(classes)} classes; run speedrun data prepare again")
         counts.append(len(labels))
     return ShardData(name=name, root=str(root), train_split="train",
@@ -151,12 +151,12 @@ def _synthetic_shards(cache: Path, log) -> Path:
     if _whole(root):
         return root
     if (root.exists() or root.is_symlink()) and not (root.is_dir() and not root.is_symlink()):
-        raise ValueError(f"{printable(str(root))} is in the way of imagenet-debug's synthetic shards (not a folder "
+        raise ValueError(f"{root} is in the way of imagenet-debug's synthetic shards (not a folder "
                          "of ours); remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"the data cache {printable(str(cache))} is not a folder; set SPEEDRUN_DATA (--data-dir) "
+        raise ValueError(f"the data cache {cache} is not a folder; set SPEEDRUN_DATA (--data-dir) "
                          "to a folder") from None
     log(f"writing synthetic shards to {root}")
     own = Path(tempfile.mkdtemp(prefix=".imagenet-synthetic-v1.", dir=cache))
@@ -183,7 +183,7 @@ def _remove_synthetic(root: Path) -> None:
     """The damaged synthetic cache removed, so that _synthetic_shards writes it again (a symlink there is the
     user's, not ours: refused)."""
     if root.is_symlink() or not root.is_dir():
-        raise ValueError(f"{printable(str(root))} holds damaged synthetic shards and is not a folder of ours; "
+        raise ValueError(f"{root} holds damaged synthetic shards and is not a folder of ours; "
                          "remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
     shutil.rmtree(root)
 
@@ -209,7 +209,7 @@ def write_synthetic_shards(root: Path, n_train: int, n_val: int, classes: int = 
 
 
 def describe(data: ShardData) -> str:
-    return (f"{printable(data.name)}: {data.num_train} train / {data.num_eval} {data.eval_split} images in shards, "
+    return (f"{data.name}: {data.num_train} train / {data.num_eval} {data.eval_split} images in shards, "
             f"{data.num_classes} classes")
 
 
