@@ -7,8 +7,8 @@ Each kind of result has its own table: `speedrun train --json` results go betwee
 `<!-- results:end -->`; the reports of benchmarks/vs_airbench.py and benchmarks/step_time.py (their "benchmark"
 field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
 scripts' own markdown(); `speedrun bench-loader --json` reports between `<!-- bench_loader:begin -->` ...,
-rendered by speedrun.instruments.bench_loader.markdown(). --write replaces the marked sections of the kinds given, so the
-numbers in BENCHMARKS.md are generated from stored results, never typed by hand.
+rendered by speedrun.instruments.bench_loader.markdown(). --write replaces the marked sections of the kinds
+given, so the numbers in BENCHMARKS.md are generated from stored results, never typed by hand.
 """
 
 from __future__ import annotations

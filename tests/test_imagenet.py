@@ -217,9 +217,9 @@ JPEG = Path(os.environ.get("SPEEDRUN_CIFAR10_JPEG", Path(__file__).resolve().par
 
 
 def test_the_resnet18_recipe_learns_real_photographs_from_prepared_shards(tmp_path):
-    """The real-photograph learning check at test size: the first 300 train / 100 test images of each class of the JPEG copy of
-    CIFAR-10, through `data prepare`, then the ResNet-18 recipe at width 16 and 32 px for 6 epochs. Measured
-    (BENCHMARKS.md): 41.03 +- 1.46% (n=3); chance is 10%."""
+    """The real-photograph learning check at test size: the first 300 train / 100 test images of each class of the
+    JPEG copy of CIFAR-10, through `data prepare`, then the ResNet-18 recipe at width 16 and 32 px for 6 epochs.
+    Measured (BENCHMARKS.md): 41.03 +- 1.46% (n=3); chance is 10%."""
     if not JPEG.is_dir():
         if os.environ.get("CI"):
             pytest.fail(f"CI needs {JPEG} (shared/datasets/cifar10-jpeg beside the clone)")

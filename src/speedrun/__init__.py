@@ -9,7 +9,9 @@ Nothing here runs at import time; torch is imported only when train() is called.
 
 from __future__ import annotations
 
-from speedrun._version import __version__  # noqa: F401 (speedrun.__version__, as pip show reports it)
+from speedrun import _version
+
+__version__ = _version.__version__
 
 __all__ = ["train", "Result", "RECIPES", "load"]
 

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", default=None, metavar="PATH|auto",
                    help="continue from a checkpoint file, or 'auto': the newest usable one in --checkpoint-dir")
     t.add_argument("--price-per-hour", type=_float, default=None, metavar="USD",
-                   help="dollars per device-hour for the result's cost (default: a table of GPU prices, records/cost.py)")
+                   help="dollars per device-hour for the result's cost (default: a table of GPU prices, "
+                        "records/cost.py)")
     t.add_argument("--save", default=None, metavar="PATH",
                    help="write the trained network: PATH.safetensors + PATH.json (for eval, predict, speedrun.load)")
     t.add_argument("--db", default=None, metavar="PATH",

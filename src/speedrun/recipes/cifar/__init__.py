@@ -28,6 +28,6 @@ from speedrun.recipes.cifar.data import (TRICKS, check, check_data, data_signatu
 from speedrun.recipes.cifar.loop import TrainState, build_model, build_optimizers, train_run, train_step, warmup
 
 __all__ = ["MAY_DIFFER_ON_RESUME", "CifarConfig", "cifar10_94", "cifar10_94_muon", "cifar10_95", "cifar10_96",
-           "final_evaluation", "timed_region", "TRICKS", "check", "check_data", "data_signature", "describe", "load_data", "model_card",
-           "notes", "smoke", "with_epochs", "TrainState", "build_model", "build_optimizers", "train_run",
-           "train_step", "warmup"]
+           "final_evaluation", "timed_region", "TRICKS", "check", "check_data", "data_signature", "describe",
+           "load_data", "model_card", "notes", "smoke", "with_epochs", "TrainState", "build_model",
+           "build_optimizers", "train_run", "train_step", "warmup"]

@@ -17,8 +17,8 @@ def final_evaluation(cfg: CifarConfig) -> str:
 
 def timed_region(cfg: CifarConfig) -> str:
     """What train_seconds covers, for the result file and the summary (as airbench times)."""
-    return (f"whitening init + training + {final_evaluation(cfg)}, device-synchronized; excludes data loading, upload, per-epoch "
-            "table evaluations, checkpoint writes and the warm-up run")
+    return (f"whitening init + training + {final_evaluation(cfg)}, device-synchronized; excludes data loading, upload, "
+            "per-epoch table evaluations, checkpoint writes and the warm-up run")
 
 # Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
 MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
