@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -60,6 +60,20 @@ class Dataset:
         """(C, H, W)."""
         c, h, w = self.train_images.shape[1:]
         return int(c), int(h), int(w)
+
+    def describe(self) -> str:
+        """One line: the name, the splits' sizes, the image shape and the classes."""
+        c, h, w = self.image_shape
+        return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test, {c}x{h}x{w}, "
+                f"{self.num_classes} classes")
+
+    def test_sample(self, n: int) -> Dataset:
+        """The dataset with the first n test images of a fixed random order (a test folder is class-ordered, so
+        its first n would be one class); itself when the test set has n or fewer."""
+        if len(self.test_labels) <= n:
+            return self
+        pick = torch.randperm(len(self.test_labels), generator=torch.Generator().manual_seed(0))[:n]
+        return replace(self, test_images=self.test_images[pick], test_labels=self.test_labels[pick])
 
 
 def _describe(v: object) -> str:

@@ -329,3 +329,19 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
     dist.sum_(counts, world)
     correct, seen = counts.tolist()
     return correct / seen
+
+
+def run_notes(*, smoke: bool, steps: int, batch_size: int, n_test: int, views: int,
+              table_evaluations: int) -> list[str]:
+    """The lines shown before an in-memory family's runs: what a smoke test is; else a line when scoring the test
+    set (views forward passes per image, plus the per-epoch table's single-view evaluations) is more work than
+    training, as it is in short CPU runs, with the quicker path."""
+    if smoke:
+        return [f"smoke test: {steps} step(s), {n_test} test images, no TTA: this checks that the pipeline runs; "
+                "its accuracy is not a result"]
+    eval_passes = n_test * views + n_test * table_evaluations
+    train_passes = 3 * steps * batch_size  # a training step costs about three forward passes
+    if eval_passes <= train_passes:
+        return []
+    return [f"note: scoring {n_test} test images x {views} TTA view(s) is more work than the training itself "
+            f"({steps} step(s) of {batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]

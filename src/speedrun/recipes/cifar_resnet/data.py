@@ -15,6 +15,7 @@ from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import channel_stats, steps_for
 from speedrun.data.sources import load_dataset
+from speedrun.engine.loop import run_notes
 from speedrun.recipes.cifar_resnet.config import ResnetConfig
 from speedrun.recipes.cifar_resnet.model import memory_lower_bound
 
@@ -28,9 +29,7 @@ def load_data(dataset: str, *, data_dir, image_size, log) -> Dataset:
 
 
 def describe(data: Dataset) -> str:
-    c, h, w = data.image_shape
-    return (f"{data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test, {c}x{h}x{w}, "
-            f"{data.num_classes} classes")
+    return data.describe()
 
 
 def with_epochs(cfg: ResnetConfig, epochs: float) -> ResnetConfig:
@@ -43,27 +42,15 @@ def smoke(cfg: ResnetConfig, data: Dataset) -> tuple[ResnetConfig, Dataset]:
     """SMOKE_STEPS steps, no TTA, no per-epoch evaluation, and the first SMOKE_TEST_IMAGES of a fixed random order
     of the test set (test folders are class-ordered)."""
     cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False)
-    if len(data.test_labels) > SMOKE_TEST_IMAGES:
-        pick = torch.randperm(len(data.test_labels), generator=torch.Generator().manual_seed(0))[:SMOKE_TEST_IMAGES]
-        data = dataclasses.replace(data, test_images=data.test_images[pick], test_labels=data.test_labels[pick])
+    data = data.test_sample(SMOKE_TEST_IMAGES)
     return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / len(data.train_labels))), data
 
 
 def notes(cfg: ResnetConfig, data: Dataset, smoke: bool = False) -> list[str]:
-    """What a smoke test is; else a line when scoring the test set is more work than training (short CPU runs),
-    with the quicker path."""
     steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
-    if smoke:
-        return [f"smoke test: {steps} step(s), {len(data.test_labels)} test images, no TTA: this checks that the "
-                "pipeline runs; its accuracy is not a result"]
     views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
-    n_test = len(data.test_labels)
-    eval_passes = n_test * views + (n_test * math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
-    train_passes = 3 * steps * cfg.batch_size  # a training step costs about three forward passes
-    if eval_passes <= train_passes:
-        return []
-    return [f"note: scoring {n_test} test images x {views} TTA view(s) is more work than the training itself "
-            f"({steps} step(s) of {cfg.batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]
+    return run_notes(smoke=smoke, steps=steps, batch_size=cfg.batch_size, n_test=len(data.test_labels), views=views,
+                     table_evaluations=math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
 
 
 def check(cfg: ResnetConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
