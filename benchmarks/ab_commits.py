@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from speedrun.records.environment import device_label, environment
-from speedrun.records.result_file import mean_std_text, write_json
+from speedrun.records.result_file import write_json
+from speedrun.records.stats import mean_std_text
 from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
 
 

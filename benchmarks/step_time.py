@@ -28,7 +28,8 @@ from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, seed_everything
 from speedrun.recipes.cifar import build_model, build_optimizers, train_step
 from speedrun.records.environment import device_label, environment
-from speedrun.records.result_file import mean_std_text, write_json
+from speedrun.records.result_file import write_json
+from speedrun.records.stats import mean_std_text
 from speedrun.run.runner import get_recipe, make_config
 from speedrun.records.stats import ratio_ci95, summarize
 from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from speedrun.report.markdown import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
 from speedrun.records.environment import device_label
-from speedrun.records.result_file import load_result, mean_std_text
+from speedrun.records.result_file import load_result
+from speedrun.records.stats import mean_std_text
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field

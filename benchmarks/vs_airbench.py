@@ -64,7 +64,8 @@ from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
 from speedrun.records.environment import device_label, environment
-from speedrun.records.result_file import default_result_path, mean_std_text, write_json
+from speedrun.records.result_file import default_result_path, write_json
+from speedrun.records.stats import mean_std_text
 from speedrun.run.runner import get_recipe, make_config
 from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
 

@@ -15,7 +15,7 @@ from speedrun.data.prepare_tree import prepare_tree
 from speedrun.errors import printable
 from speedrun.instruments.compare import METRICS, compare_stored
 from speedrun.records import db
-from speedrun.records.stats import interval_text, mean_std, ratio_text
+from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.report.publish import publish
 
 
@@ -70,7 +70,7 @@ def import_command(args) -> int:
 
 def _compare_lines(report: dict) -> list[str]:
     def ms(s: dict | None, scale: float) -> str:
-        return "no runs" if s is None else f"{mean_std(s, scale)} (n={s['n']})"
+        return "no runs" if s is None else f"{mean_std_text(s, scale)} (n={s['n']})"
 
     lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
     lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")

@@ -19,7 +19,7 @@ from speedrun.instruments.to_target import DEFAULT_PROBES, MAX_PROBES, MIN_PROBE
 from speedrun.instruments.variants import off_text
 from speedrun.records.db import default_db_path
 from speedrun.records.result_file import claim_result_path, release_result_path, write_json
-from speedrun.records.stats import interval_text, mean_std, ratio_text
+from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
 from speedrun.run.export import evaluate_saved, predict_files
 
@@ -67,8 +67,8 @@ def _bench_lines(report: dict) -> list[str]:
                 else interval_text(acc["diff"], acc["ci95"], 100))
         p = "-" if acc is None else f"{acc['p']:.3g}"
         ratio = "-" if s["name"] == "baseline" else "n/a" if secs is None else ratio_text(secs)
-        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std(s['accuracy'], 100):>14} "
-                     f"{mean_std(s['train_seconds']):>14} "
+        lines.append(f"{s['name'][:28]:28} {s['n']:>3} {s['diverged']:>3} {mean_std_text(s['accuracy'], 100):>14} "
+                     f"{mean_std_text(s['train_seconds']):>14} "
                      f"{dacc:>24} {p:>8} {ratio:>22}")
     return lines
 
@@ -99,7 +99,7 @@ def _waterfall_lines(report: dict) -> list[str]:
             d = b["accuracy"]
             gain, p = interval_text(d["diff"], d["ci95"], 100), f"{d['p']:.3g}"
         secs = "n/a" if row["train_seconds"] is None else f"{row['train_seconds']['mean']:.2f}"
-        lines.append(f"{row['step'][:24]:24} {mean_std(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
+        lines.append(f"{row['step'][:24]:24} {mean_std_text(row['accuracy'], 100):>16} {gain:>28} {p:>8} {secs:>14}")
     return lines
 
 

@@ -17,12 +17,6 @@ from pathlib import Path
 import numpy as np
 
 
-def mean_std_text(summary: dict, scale: float = 1.0, digits: int = 2) -> str:
-    """'mean ± std' of a stats.Summary dict times `scale`; only the mean when n = 1 (one run has no spread)."""
-    text = f"{scale * summary['mean']:.{digits}f}"
-    return text + (f" ± {scale * summary['std']:.{digits}f}" if summary["n"] > 1 else "")
-
-
 def _to_json(obj):
     """json.dump's default=: the non-JSON types results carry. Tuples need nothing: json writes them as lists."""
     if isinstance(obj, Path):

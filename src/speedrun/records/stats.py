@@ -1,5 +1,5 @@
 """The statistics a speed claim needs: summaries with t-intervals, Welch's test, ratio and difference CIs, and
-their text forms in tables (mean_std, interval_text, ratio_text).
+their text forms in tables (mean_std_text, interval_text, ratio_text).
 
 The Student-t distribution comes from scipy.stats (a library that is kept up, not hand-written special
 functions); it takes fractional degrees of freedom, as Welch's test needs. What stays here is what scipy does not
@@ -177,12 +177,15 @@ def mean_diff_test(a: Sequence[float], b: Sequence[float]) -> dict:
             "ratio_ci95": [ratio_low, ratio_high]}
 
 
-def mean_std(summary: dict | None, scale: float = 1.0) -> str:
-    """"66.73 ± 0.74" from a Summary dict ("n/a" without runs; no ± for one run)."""
+def mean_std_text(summary: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+    """"66.73 ± 0.74": a Summary dict's mean and std times `scale`; the mean alone for one run (no spread), "n/a"
+    without runs."""
     if summary is None:
         return "n/a"
-    return f"{summary['mean'] * scale:.2f}" + (f" ± {summary['std'] * scale:.2f}" if summary["std"] is not None
-                                               else "")
+    text = f"{scale * summary['mean']:.{digits}f}"
+    # n, not std alone: a stored result may carry one run's std as 0.0
+    spread = summary["n"] > 1 and summary["std"] is not None
+    return text + (f" ± {scale * summary['std']:.{digits}f}" if spread else "")
 
 
 def interval_text(value: float, interval: list[float], scale: float = 1.0) -> str:
