@@ -302,6 +302,32 @@ class Steps:
             self.on_epoch(row)
 
 
+def last_batch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+                   seconds: float, world: dist.World) -> dict:
+    """A row of the per-epoch table for an in-memory family: train loss and accuracy are those of the last global
+    batch, as airbench's table shows. loss is summed over this process's share; targets are labels (N,) or mixed
+    soft targets (N, K), scored by their largest class. Every process must call it: the counts are summed."""
+    labels = targets if targets.ndim == 1 else targets.argmax(1)
+    counts = torch.stack([loss.detach().double(), (logits.argmax(1) == labels).sum().double(),
+                          torch.tensor(float(len(labels)), dtype=torch.float64, device=loss.device)])
+    dist.sum_(counts, world)  # (3,): summed loss, correct, examples over every process's share
+    total_loss, correct, n = counts.tolist()
+    return {"epoch": round(epoch, 4), "step": step, "train_loss": total_loss / n, "train_acc": correct / n,
+            "val_acc": None, "train_seconds": seconds}
+
+
+def untimed_warmup(device: torch.device, compile: bool, run: Callable[[], object]) -> float:
+    """Wall-clock seconds of `run` (a family's training run on shuffled labels), so that torch.compile and cuDNN
+    autotuning happen before the timed runs, as airbench does; skipped (0.0) on a CPU without compile, where there
+    is nothing to warm."""
+    if device.type == "cpu" and not compile:
+        return 0.0
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
              std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,

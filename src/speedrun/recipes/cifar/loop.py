@@ -5,7 +5,6 @@ bookkeeping (engine/loop.py: timer, finite-loss guard, table rows and checkpoint
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +15,9 @@ from speedrun import dist
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader, channel_stats, normalize
 from speedrun.engine.checkpoint import load_optimizer, restoring
-from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, stop_at_step_end
-from speedrun.engine.system import seed_everything, setup_system, synchronize
+from speedrun.engine.loop import (FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, last_batch_row,
+                                  stop_at_step_end, untimed_warmup)
+from speedrun.engine.system import seed_everything, setup_system
 from speedrun.models import CifarNet
 from speedrun.recipes.cifar.config import CifarConfig
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
@@ -75,18 +75,6 @@ def train_step(forward: Callable[[torch.Tensor], torch.Tensor], optimizers: list
     for opt in optimizers:
         opt.step()
     return logits, loss
-
-
-def _epoch_row(epoch: float, step: int, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
-               seconds: float, world: dist.World) -> dict:
-    """One row of the per-epoch table; train loss/accuracy are those of the last (global) batch, as airbench's."""
-    labels = targets if targets.ndim == 1 else targets.argmax(1)
-    counts = torch.stack([loss.detach().double(), (logits.argmax(1) == labels).sum().double(),
-                          torch.tensor(float(len(labels)), dtype=torch.float64, device=loss.device)])
-    dist.sum_(counts, world)  # (3,): summed loss, correct, examples over every process's share
-    total_loss, correct, n = counts.tolist()
-    return {"epoch": round(epoch, 4), "step": step, "train_loss": total_loss / n, "train_acc": correct / n,
-            "val_acc": None, "train_seconds": seconds}
 
 
 @dataclass
@@ -203,7 +191,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             epoch = loader.epoch_at(state.step)
 
             def batch_row(seconds: float) -> dict:
-                return _epoch_row(epoch, state.step, loss, logits, targets, seconds, world)
+                return last_batch_row(epoch, state.step, loss, logits, targets, seconds, world)
 
             def table_row(seconds: float) -> dict:
                 return {**batch_row(seconds), "val_acc": scored(0) if cfg.eval_each_epoch else None}
@@ -216,20 +204,13 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         state.lookahead.update(1.0)  # final sync: the live net takes the averaged weights
     accuracy = scored(cfg.tta_level)
     train_seconds = timer.stop()  # ---- end of timed region ----
-    steps.final(state, accuracy, train_seconds, lambda seconds: _epoch_row(
+    steps.final(state, accuracy, train_seconds, lambda seconds: last_batch_row(
         loader.epoch_at(state.step), state.step, loss, logits, targets, seconds, world))
     return RunResult(seed=seed, accuracy=accuracy, train_seconds=train_seconds, epochs=cfg.epochs,
                      steps=total_steps, history=state.history, model=model)
 
 
 def warmup(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World | None = None) -> float:
-    """An untimed run on shuffled labels, so torch.compile and cuDNN autotuning happen before the timed runs.
-
-    Returns its wall-clock seconds (reported as warm-up time). Skipped (0.0) on CPU without compile.
-    """
-    if device.type == "cpu" and not cfg.compile:
-        return 0.0
-    start = time.perf_counter()
-    train_run(cfg, data, device, seed=0, shuffle_labels=True, world=world)
-    synchronize(device)
-    return time.perf_counter() - start
+    """An untimed run on shuffled labels before the timed ones (engine.loop.untimed_warmup); its seconds."""
+    return untimed_warmup(device, cfg.compile, lambda: train_run(cfg, data, device, seed=0, shuffle_labels=True,
+                                                                 world=world))
