@@ -28,10 +28,19 @@ Run (GPU only: airbench94 needs CUDA and torchvision), from the repository root:
 Accuracy side by side on the CPU (no GPU needed; about an hour per run of each on 2 cores):
   PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py --on-cpu \
       --data ../shared/datasets/cifar10-jpeg --runs 1 --out benchmarks/results/vs_airbench/<name>.json
-  Both systems in fp32 on the CPU, no warm-ups. airbench's own code runs unchanged; `airbench_on_cpu` maps its
+  No warm-ups; airbench in fp32, ours at its `auto` precision (fp32 before bf16 became its choice on CPUs with
+  native bf16 instructions; the report records it). airbench's own code runs unchanged; `airbench_on_cpu` maps its
   few CUDA and fp16 calls to CPU and fp32 while it runs (and stands in for torchvision.transforms.Normalize when
   torchvision is absent). This answers "does our recipe learn as well as airbench94 on this data?"; its times are
   CPU fp32 times and say nothing about the GPU race.
+A reduced schedule, to race on the CPU in minutes (both at the same number of steps):
+  PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py --on-cpu --epochs 1 \
+      --data ../shared/datasets/cifar10-jpeg --runs 3 --out benchmarks/results/vs_airbench/<name>.json
+  airbench94 gets `epochs=E` through train94's own argument: ceil(E x 48) steps (it drops each epoch's last
+  partial batch: 50,000 // 1024 = 48 steps an epoch). Ours gets --epochs E' = steps x 1024 / 50,000, the same
+  step count, its whole schedule compressed to it (the family's with_epochs). airbench keeps its own fixed
+  whiten_bias_epochs=3, as its epochs argument leaves it. Our side runs at the recipe's defaults (`auto`
+  precision: bf16 autocast on a CPU with native bf16 instructions); airbench's fp16 casts are fp32 on the CPU.
 Plumbing check on CPU (ours only, tiny synthetic data; airbench is not imported):
   python benchmarks/vs_airbench.py --dry-run-cpu --data synthetic:train=256,test=64 --runs 2 \
       --set batch_size=64 --set widths=8,16,16 --set epochs=0.25 --out /tmp/vs_airbench.json
@@ -49,6 +58,7 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import math
 import os
 import shlex
 import sys
@@ -63,6 +73,7 @@ import torch
 from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
+from speedrun.engine.system import setup_system
 from speedrun.records.environment import device_label, environment
 from speedrun.records.result_file import default_result_path, write_json
 from speedrun.records.stats import mean_std_text
@@ -75,6 +86,7 @@ TIMED_REGION = ("whitening init + training + final TTA evaluation, CUDA events, 
 TRAIN_ORDER_SEED = 0
 # utils.logging_columns_list: run, epoch, train_loss, train_acc, val_acc, tta_val_acc, total_time_seconds.
 AIRBENCH_CELLS = 7
+AIRBENCH_BATCH = 1024  # hyp['opt']['batch_size'] of lib_airbench94
 
 
 def log(text: str) -> None:
@@ -112,7 +124,21 @@ def parse_airbench_table(text: str) -> tuple[float, float]:
     return float(final[5]), float(final[6])
 
 
-def airbench_run(train94, seed: int) -> tuple[float, float]:
+def airbench_steps(num_train: int, epochs: float, batch_size: int = AIRBENCH_BATCH) -> int:
+    """train94's step count at `epochs`: ceil(len(train_loader) * epochs), its loader dropping the last partial
+    batch of each epoch."""
+    return math.ceil(num_train // batch_size * epochs)
+
+
+def ours_epochs_for(steps: int, num_train: int, batch_size: int) -> float:
+    """The epochs that give our loader (ceil(epochs x N / batch) steps) exactly `steps`."""
+    epochs = steps * batch_size / num_train
+    while math.ceil(epochs * num_train / batch_size) > steps:  # floating point may land a hair above the integer
+        epochs = math.nextafter(epochs, 0.0)
+    return epochs
+
+
+def airbench_run(train94, seed: int, epochs: float | None = None) -> tuple[float, float]:
     """One airbench94 run in the current directory; (accuracy, timed seconds) from its own table."""
     missing = [f for f in ("cifar10/train.pt", "cifar10/test.pt") if not os.path.isfile(f)]
     if missing:  # CifarLoader would fall back to a torchvision download, which must never happen
@@ -120,7 +146,8 @@ def airbench_run(train94, seed: int) -> tuple[float, float]:
     torch.manual_seed(seed)  # airbench seeds nothing itself: init, shuffling and crops all draw from this
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        train94(run=seed, verbose=True)  # run only labels the row; -1 or "warmup" would stop after one step
+        # run only labels the row; -1 or "warmup" would stop after one step
+        train94(run=seed, verbose=True, **({} if epochs is None else {"epochs": epochs}))
     return parse_airbench_table(out.getvalue())
 
 
@@ -249,11 +276,15 @@ def markdown(report: dict) -> str:
     date = env["timestamp_utc"][:10]
     lines = ["| date | device | command | system | n | accuracy % (mean ± std) | seconds (mean ± std) |",
              "|---|---|---|---|---|---|---|"]
-    mode = " (fp32 on the CPU)" if report.get("on_cpu") else ""
+    steps = f", {report['schedule']['steps']} steps" if report.get("schedule") else ""
     for key in ("ours", "airbench"):
         s = report[key]
         if s is None:
             continue
+        # ours: the precision its config resolved to (reports before it was recorded ran fp32 on the CPU);
+        # airbench on the CPU: fp32, its fp16 casts mapped by airbench_on_cpu
+        precision = s.get("precision", "fp32") if key == "ours" else "fp32"
+        mode = f" ({precision} on the CPU{steps})" if report.get("on_cpu") else (f" ({steps[2:]})" if steps else "")
         label = (f"speedrun {s['recipe']}" if key == "ours" else AIRBENCH) + mode
         acc, sec = s["accuracy"], s["train_seconds"]
         lines.append(f"| {date} | {device_label(env)} | `{cmd}` | {label} | {acc['n']} | "
@@ -294,22 +325,34 @@ def import_train94(on_cpu: bool):
 
 def run(args: argparse.Namespace, command: str) -> dict:
     rec = get_recipe(args.ours_recipe)
-    cfg = make_config(rec, None, parse_set_args(args.set))
+    overrides = parse_set_args(args.set)
+    cfg = make_config(rec, None, overrides)
     device = pick_device(args.dry_run_cpu or args.on_cpu)
     start = time.perf_counter()
     # download=False: the GPU machine has no network, so a named dataset must already be in the cache.
     data = fixed_train_order(load_dataset(args.data, cache_dir=args.cache_dir, download=False, log=log))
     data_seconds = time.perf_counter() - start
+    schedule = None
+    if args.epochs is not None:  # the reduced schedule: both systems at airbench's step count for args.epochs
+        steps = airbench_steps(len(data.train_labels), args.epochs)
+        if steps < 1:
+            n = len(data.train_labels)
+            raise ValueError(f"--epochs {args.epochs:g} is no step of airbench94 on {n} training images "
+                             f"({n // AIRBENCH_BATCH} steps an epoch); give more epochs or data")
+        cfg = make_config(rec, ours_epochs_for(steps, len(data.train_labels), cfg.batch_size), overrides)
+        schedule = {"airbench_epochs": args.epochs, "ours_epochs": cfg.epochs, "steps": steps}
+        log(f"reduced schedule: {steps} steps each (airbench epochs={args.epochs}, ours --epochs {cfg.epochs:.6g})")
     log(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test ({data_seconds:.1f} s)")
     out_path = Path(args.out).resolve() if args.out else default_result_path("vs_airbench", data.name).resolve()
     report = {"benchmark": "vs_airbench", "command": command, "timed_region": TIMED_REGION,
               "runs_planned": args.runs, "complete": False, "dry_run_cpu": args.dry_run_cpu,
-              "on_cpu": args.on_cpu,
+              "on_cpu": args.on_cpu, "schedule": schedule,
               "data": {"name": data.name, "spec": args.data,
                        "train": len(data.train_labels), "test": len(data.test_labels),
                        "train_order_seed": TRAIN_ORDER_SEED, "load_seconds": data_seconds},
               "ours": None, "airbench": None, "comparison": None, "environment": environment(device)}
-    ours_meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg)}
+    ours_meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg),
+                 "precision": setup_system(cfg, device).precision}
     ab_meta = {"system": AIRBENCH, "cudnn_benchmark": True,  # what airbench sets at import
                "accuracy_note": "tta_val_acc as printed, 4 decimals"}
     if args.on_cpu:
@@ -343,7 +386,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
             msg = f"run {i + 1}/{args.runs}"
             if train94 is not None:  # airbench first in each pair: the order within a pair is arbitrary
                 with contextlib.chdir(work), ab_context():
-                    acc, secs = airbench_run(train94, seed=i)
+                    acc, secs = airbench_run(train94, seed=i, epochs=args.epochs)
                 theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
                 log(f"{msg}  airbench {100 * acc:.2f}% {secs:.3f} s")
                 save(i)
@@ -364,6 +407,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
     p.add_argument("--ours-recipe", default="cifar10-94", help="our recipe (default cifar10-94)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our config; repeatable")
+    p.add_argument("--epochs", type=float, default=None, metavar="E",
+                   help="a reduced schedule: airbench94 at epochs=E (its own argument) and ours at the same number "
+                        "of steps (default: each system's full schedule)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--on-cpu", action="store_true",
                       help="accuracy side by side on the CPU, both in fp32, no warm-ups (times are CPU times)")
@@ -371,6 +417,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    if args.epochs is not None and not (math.isfinite(args.epochs) and 0 < args.epochs <= 1000):
+        p.error(f"--epochs must be a number in (0, 1000], got {args.epochs}")
     return args
 
 

@@ -273,3 +273,25 @@ def test_check_compatible_names_the_first_difference(tmp_path):
         check_compatible(meta, same, path)
     check_compatible(meta, same, path, may_differ=frozenset({"epochs"}))
     check_compatible(meta, {**same, "data": {**same["data"], "name": "x"}}, path, frozenset({"data.name", "epochs"}))
+
+
+@pytest.mark.parametrize("saved,used_here,refused", [
+    ({"precision_used": "bf16", "config": {"precision": "auto"}}, "bf16", False),
+    ({"precision_used": "bf16", "config": {"precision": "auto"}}, "fp32", True),  # moved from a GPU to a CPU
+    ({"precision_used": "fp32", "config": {"precision": "fp32"}}, "fp32", False),  # --set precision=fp32 resumes
+    ({"config": {"precision": "auto"}}, "fp32", False),  # before the record: auto was fp32 on a CPU
+    ({"config": {"precision": "fp16"}}, "fp16", False),
+    ({"config": "garbage"}, "bf16", True),
+])
+def test_a_resumed_run_keeps_the_precision_its_checkpoint_ran_at(saved, used_here, refused):
+    from pathlib import Path
+
+    from speedrun.run.resume import check_precision
+
+    meta = {"device_type": "cpu", "precision_used": used_here}
+    try:
+        check_precision(saved, meta, Path("ckpt-00000-000000001.safetensors"))
+        outcome = False
+    except ValueError as e:
+        outcome = "--set precision=" in str(e)
+    assert outcome == refused

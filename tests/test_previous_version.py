@@ -39,7 +39,28 @@ def test_a_checkpoint_of_the_previous_version_resumes_to_that_versions_accuracy(
     old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "new.json"))
     assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
     assert [r["steps"] for r in new["runs"]] == [r["steps"] for r in old["runs"]] == [4, 4]
-    assert new["config"] == old["config"]
+    # the config is the old one, plus the system settings added since, at their defaults (no-ops)
+    assert new["config"] == {**old["config"], "cpu_threads": 0, "optimizer_kernel": "auto"}
+
+
+def test_a_checkpoint_continues_at_the_precision_it_began_with(tmp_path, monkeypatch, capsys):
+    """The previous version's CPU checkpoint ran at fp32 (what precision=auto meant for it): where auto now means
+    bf16, resuming it is refused with the --set that continues it as it began, and that --set resumes it to the
+    old version's accuracy."""
+    from speedrun.recipes.cifar import CifarConfig
+
+    monkeypatch.setattr(CifarConfig, "BF16_AUTO_ON_CPU", True)
+    monkeypatch.setattr("speedrun.tricks.precision.native_bf16_cpu", lambda: True)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ck").mkdir()
+    shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", tmp_path / "ck" / "ckpt-00001-000000003.safetensors")
+    assert main([*CIFAR, "--checkpoint-dir", "ck", "--resume", "auto", "--json", "a.json"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "ran in fp32 (precision=auto); this run would run in bf16: add --set precision=fp32" in line
+    assert main([*CIFAR, "--set", "precision=fp32", "--checkpoint-dir", "ck", "--resume", "auto",
+                 "--json", "b.json"]) == 0
+    old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "b.json"))
+    assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
 
 
 def test_an_imagenet_checkpoint_of_the_previous_version_restores_into_a_train_state():

@@ -17,7 +17,8 @@ from speedrun.records.result_file import default_result_path, load_result, write
 from speedrun.records.stats import summarize
 
 ENV_KEYS = {"python", "platform", "hostname", "torch", "torch_cuda", "cudnn", "device_type", "device_name",
-            "cpu_threads", "gpu_driver", "git_commit", "git_dirty", "speedrun_version", "timestamp_utc"}
+            "cpu_threads", "gpu_driver", "git_commit", "git_dirty", "speedrun_version", "timestamp_utc",
+            "debug_apis"}
 
 
 class _FrozenDatetime(datetime):

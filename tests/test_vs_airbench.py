@@ -2,6 +2,7 @@
 end-to-end CPU dry run (ours only; airbench needs CUDA and torchvision, which the test machine lacks)."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -233,7 +234,7 @@ class CifarLoader:
         self.images = T.Normalize((0.5,) * 3, (0.25,) * 3)(data["images"].half().permute(0, 3, 1, 2) / 255)
         self.labels = data["labels"]
 
-def train94(run=0, verbose=True):
+def train94(run=0, verbose=True, epochs=9.9):
     train, test = CifarLoader("cifar10"), CifarLoader("cifar10", train=False)
     net = torch.nn.Conv2d(3, 10, 32).half().cuda()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -241,6 +242,8 @@ def train94(run=0, verbose=True):
     acc = (net(test.images).flatten(1).argmax(1) == test.labels).float().mean().item()
     end.record()
     torch.cuda.synchronize()
+    if epochs != 9.9:
+        calls.append({"epochs": epochs})
     calls.append({"run": run, "seed": torch.initial_seed(), "dtype": str(net.weight.dtype),
                   "images": str(train.images.dtype), "n": len(train.labels)})
     print("|          |   eval  |      1.0000  |     0.9000  |   0.9000  |  %11.4f  |  %18.4f  |"
@@ -248,20 +251,26 @@ def train94(run=0, verbose=True):
 '''
 
 
-def test_on_cpu_runs_a_cuda_only_airbench_stand_in(tmp_path, monkeypatch, capsys):
+def _fake_airbench(tmp_path, monkeypatch, argv: list[str]) -> tuple[int, list[dict]]:
+    """vs.main(argv) with FAKE_AIRBENCH_CUDA importable as airbench.lib_airbench94; (exit code, its calls)."""
     (tmp_path / "fake" / "airbench").mkdir(parents=True)
     (tmp_path / "fake" / "airbench" / "__init__.py").write_text("")
     (tmp_path / "fake" / "airbench" / "lib_airbench94.py").write_text(FAKE_AIRBENCH_CUDA)
     monkeypatch.syspath_prepend(str(tmp_path / "fake"))
     for name in ("airbench", "airbench.lib_airbench94"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    out = tmp_path / "vs.json"
     try:
-        rc = vs.main(["--on-cpu", "--data", "synthetic:train=256,test=64", "--out", str(out)] + TINY_ARGS[1:])
-        calls = sys.modules["airbench.lib_airbench94"].calls
+        rc = vs.main(argv)
+        return rc, sys.modules["airbench.lib_airbench94"].calls
     finally:
         for name in ("airbench", "airbench.lib_airbench94"):
             sys.modules.pop(name, None)
+
+
+def test_on_cpu_runs_a_cuda_only_airbench_stand_in(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "vs.json"
+    rc, calls = _fake_airbench(tmp_path, monkeypatch, ["--on-cpu", "--data", "synthetic:train=256,test=64", "--out",
+                                                       str(out)] + TINY_ARGS[1:])
     assert rc == 0
     # No warm-up on the CPU: one call per seed, all in fp32.
     assert calls == [{"run": i, "seed": i, "dtype": "torch.float32", "images": "torch.float32", "n": 256}
@@ -280,3 +289,32 @@ def test_on_cpu_and_dry_run_cpu_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as e:
         vs.main(["--data", "synthetic", "--on-cpu", "--dry-run-cpu"])
     assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("num_train,batch", [(50_000, 1024), (50_000, 512), (2048, 64), (1000, 7)])
+def test_ours_epochs_give_exactly_airbenchs_step_count(num_train, batch):
+    for tenths in range(1, 120):
+        steps = vs.airbench_steps(50_000, tenths / 10)
+        epochs = vs.ours_epochs_for(steps, num_train, batch)
+        assert math.ceil(epochs * num_train / batch) == steps and epochs > 0
+    assert vs.airbench_steps(50_000, 9.9) == 476 and vs.airbench_steps(50_000, 1) == 48
+
+
+def test_reduced_schedule_gives_both_systems_the_same_steps(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "vs.json"
+    args = ["--runs", "2", "--set", "batch_size=64", "--set", "widths=8,16,16", "--set", "eval_each_epoch=false"]
+    rc, calls = _fake_airbench(tmp_path, monkeypatch, ["--on-cpu", "--epochs", "1.5", "--data",
+                                                       "synthetic:train=2048,test=64", "--out", str(out)] + args)
+    assert rc == 0
+    assert [c for c in calls if "epochs" in c] == [{"epochs": 1.5}] * 2  # airbench through its own argument
+    report = json.loads(out.read_text())
+    steps = 3  # 2048 // 1024 = 2 steps an epoch, x 1.5
+    assert report["schedule"]["steps"] == steps
+    assert [r["steps"] for r in report["ours"]["runs"]] == [steps, steps]
+    assert report["ours"]["precision"] in ("fp32", "bf16")
+    assert f"{steps} steps) | 2 |" in capsys.readouterr().out
+
+
+def test_reduced_schedule_refuses_zero_steps(capsys):
+    rc = vs.main(["--on-cpu", "--epochs", "0.5", "--data", "synthetic:train=256,test=64", "--runs", "1"])
+    assert rc == 2 and "no step of airbench94" in capsys.readouterr().err

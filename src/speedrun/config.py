@@ -135,25 +135,42 @@ class SystemConfig:
     what is trained. A family's Config inherits them, so `--set precision=bf16` means the same in every family.
     engine/system.py's setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
 
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, else fp32
+    # auto: bf16 autocast on CUDA, and on a CPU with native bf16 instructions where the family says so (below);
+    # else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU (see below), off for MPS
     # What channels_last=auto means on a CPU for this family (a class constant, not a setting): a family whose
     # CPU runs crash in channels_last turns it off here, and everything that resolves "auto" (the run, ablate's
     # "already off") reads it through engine/system.py's setup_system.
     CHANNELS_LAST_AUTO_ON_CPU: ClassVar[bool] = True
+    # Whether precision=auto means bf16 autocast on a CPU with native bf16 instructions (AVX-512 BF16 or AMX): a
+    # family turns it on once its accuracy is measured to hold at bf16 on such a CPU (BENCHMARKS.md), else fp32.
+    BF16_AUTO_ON_CPU: ClassVar[bool] = False
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
         "max-autotune-no-cudagraphs"  # torch.compile's modes
     cudnn_benchmark: bool = True  # let cuDNN time its convolution algorithms (CUDA only; in the warm-up run)
+    # CPU intra-op threads (torch.set_num_threads) while a run trains; 0: torch's default (the physical cores,
+    # or OMP_NUM_THREADS)
+    cpu_threads: int = 0
+    # torch.optim's update kernels for the recipe's SGD optimizers (tricks/optimizer_kernel.py); auto: torch's choice
+    optimizer_kernel: Literal["auto", "foreach", "fused", "for-loop"] = "auto"
     # stop a run within one step of its loss turning NaN/inf (engine/loop.py's FiniteLossGuard)
     check_finite_loss: bool = True
     # Under torchrun: BatchNorm normalizes each process's share of the batch by that share's statistics unless
     # this is on (SyncBatchNorm: statistics over the global batch, an all-reduce per BN layer; CUDA only).
     sync_bn: bool = False
 
+    def validate_system(self) -> None:
+        """The shared settings' ranges (each family's validate calls it; Literal fields are checked on parsing)."""
+        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or \
+                not 0 <= self.cpu_threads <= 1024:
+            raise ValueError(f"bad config: cpu_threads={self.cpu_threads!r} must be an integer in [0, 1024] "
+                             "(0: torch's default)")
+
 
 # System settings that change how fast a run goes, never what it computes: a resumed run may change them.
-SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss"})
+SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss", "cpu_threads", "optimizer_kernel"})
 
 
 def check_int(name: str, flag: str, value: Any, low: int, high: int) -> int:

@@ -35,6 +35,15 @@ def _version() -> str:
     return f"speedrun {__version__}"
 
 
+def _instrument_flags(p: argparse.ArgumentParser, epochs_help: str | None = None) -> None:
+    """The flags ablate and tune share with bench's: the data, the device, the budget, the seed and the outputs."""
+    for flag, kwargs in (("--dataset", {}), ("--data-dir", {}), ("--device", {"default": "auto"}),
+                         ("--epochs", {"type": _float, "help": epochs_help}), ("--seed", {"type": int, "default": 0}),
+                         ("--json", {"help": "report file, never replaced"}),
+                         ("--db", {"metavar": "PATH", "help": "results database (default as for train)"})):
+        p.add_argument(flag, **{"default": None, **kwargs})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speedrun", description="Train neural networks as fast as the hardware allows.")
     parser.add_argument("--version", action="version", version=_version())
@@ -77,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the trained network: PATH.safetensors + PATH.json (for eval, predict, speedrun.load)")
     t.add_argument("--db", default=None, metavar="PATH",
                    help="results database (default: $SPEEDRUN_DB, else ~/.local/share/speedrun/results.db)")
+    t.add_argument("--strict", action="store_true",
+                   help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
+                        "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
+    t.add_argument("--settings", default=None, metavar="FILE",
+                   help="apply a settings file from `speedrun tune --apply FILE` (default: $SPEEDRUN_SETTINGS); "
+                        "--set wins over it; the result records it")
     r = sub.add_parser("results", help="list stored results (filters, --json, --csv); `results import FILE...`")
     r.add_argument("--recipe", default=None)
     r.add_argument("--dataset", default=None, help="the dataset as given, or its last path part")
@@ -108,14 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the baseline's config overrides (repeatable)")
     b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
     b.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    b.add_argument("--strict", action="store_true",
+                   help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
+                        "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
     a = sub.add_parser("ablate", help="each registered trick switched off alone, sorted by what it buys")
     a.add_argument("recipe", nargs="?", default="cifar10-94")
     a.add_argument("--runs", type=int, default=3, help="runs per variant (default 3)")
-    for flag, kwargs in (("--dataset", {}), ("--data-dir", {}), ("--device", {"default": "auto"}),
-                         ("--epochs", {"type": _float}), ("--seed", {"type": int, "default": 0}),
-                         ("--json", {"help": "report file, never replaced"}),
-                         ("--db", {"metavar": "PATH", "help": "results database (default as for train)"})):
-        a.add_argument(flag, **{"default": None, **kwargs})
+    _instrument_flags(a)
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="the baseline's config overrides (repeatable)")
     a.add_argument("--waterfall", default=None, metavar="ORDER",
@@ -125,6 +139,41 @@ def build_parser() -> argparse.ArgumentParser:
                         "bounded search")
     a.add_argument("--max-probes", type=int, default=None, metavar="K",
                    help="--to-target: epoch values tried per variant, 2 to 20 (default 5)")
+    a.add_argument("--strict", action="store_true",
+                   help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
+                        "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
+    tu = sub.add_parser("tune", help="the doctor: the performance guide's settings measured here for this recipe, "
+                        "ranked by measured gain; --apply FILE writes the recommended ones for train --settings")
+    tu.add_argument("recipe", nargs="?", default="cifar10-94")
+    tu.add_argument("--runs", type=int, default=3, help="runs per setting, interleaved (default 3)")
+    _instrument_flags(tu, epochs_help="the short budget each run trains (default: the recipe's; 0.25 to 1 is typical)")
+    tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="the current configuration's overrides, each setting is measured against (repeatable)")
+    tu.add_argument("--only", default=None, metavar="KEY,...",
+                    help="measure only these settings (precision, channels_last, compile, cudnn_benchmark, "
+                         "cpu_threads, batch_size, optimizer_kernel, eval_batch_size, workers)")
+    tu.add_argument("--apply", default=None, metavar="FILE",
+                    help="write the recommended settings to FILE (never replaced) for train --settings FILE")
+    tu.add_argument("--strict", action="store_true", help="refuse while a debugging switch that slows training is on")
+    pr = sub.add_parser("profile", help="where a training step's time goes: phases, operators by layer type, "
+                        "memory, FLOPs and MFU; a trace for Perfetto")
+    pr.add_argument("recipe", nargs="?", default="cifar10-94")
+    pr.add_argument("--dataset", default=None, help="as for train (default: the recipe's)")
+    pr.add_argument("--data-dir", default=None)
+    pr.add_argument("--image-size", type=int, default=None, metavar="PX")
+    pr.add_argument("--device", default="auto")
+    pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config overrides, as for train (repeatable)")
+    pr.add_argument("--steps", type=int, default=5, metavar="N",
+                    help="training steps recorded, after 1 skipped and 1 warm-up step (default 5)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--trace", default=None, metavar="FILE",
+                    help="the trace (Chrome trace JSON, never replaced; default results/<time>-profile-...trace.json)")
+    pr.add_argument("--json", default=None, metavar="FILE", help="also write the report here (never replaced)")
+    pr.add_argument("--strict", action="store_true", help="refuse while a debugging switch that slows training is on")
+    pk = sub.add_parser("peak", help="this device's peak FLOP/s per precision, measured (matmul and conv) and cached")
+    pk.add_argument("--device", default="auto")
+    pk.add_argument("--again", action="store_true", help="measure again, replacing the cached figures")
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")

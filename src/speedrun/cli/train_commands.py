@@ -12,13 +12,21 @@ import numpy as np
 from speedrun import dist
 from speedrun.cli.output import EXIT_DIVERGED, err, out
 from speedrun.config import check_int, parse_set_args
+from speedrun.engine.peak import cache_path, datasheet
+from speedrun.engine.peak import mfu_text as peak_text
+from speedrun.engine.peak import peak as peak_of
+from speedrun.engine.system import resolve_device
 from speedrun.instruments.ablate import ablate, waterfall
 from speedrun.instruments.bench import bench, recipe_vary, run_and_store
 from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_list, rate_text, versus_text
+from speedrun.instruments.profile import profile
 from speedrun.instruments.to_target import DEFAULT_PROBES, MAX_PROBES, MIN_PROBES, to_target
+from speedrun.instruments.tune import tune
 from speedrun.instruments.variants import off_text
 from speedrun.records.db import default_db_path
+from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, release_result_path, write_json
+from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
 from speedrun.run.export import evaluate_saved, predict_files
@@ -29,6 +37,22 @@ def _log(line: str) -> None:
     err(line)
 
 
+def _report_to(json_arg: str | None, make) -> tuple[dict, Path | None]:
+    """make() the report and write it to the file `json_arg` names, if any: claimed first (an existing file fails
+    before any work) and released if nothing was written (an error, Ctrl-C)."""
+    path = claim_result_path(json_arg) if json_arg else None
+    written = False
+    try:
+        report = make()
+        if path is not None:
+            write_json(path, report)
+            written = True
+    finally:
+        if path is not None and not written:
+            release_result_path(path)
+    return report, path
+
+
 def train_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
@@ -37,14 +61,16 @@ def train_command(args, argv: list[str]) -> int:
                         command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
-                        db=args.db or default_db_path(), overrides=overrides)
+                        db=args.db or default_db_path(), strict=args.strict, settings=args.settings,
+                        overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 
 def _run_and_store(args, argv: list[str], kind: str, make) -> tuple[dict, Path | None, int | None]:
     """run_and_store with the flags that bench, ablate and ablate --to-target share."""
     return run_and_store(make, kind=kind, recipe=args.recipe, dataset=args.dataset, device=args.device,
-                         db_path=args.db, json_path=args.json, command=dist.command_line(argv), log=_log)
+                         db_path=args.db, json_path=args.json, command=dist.command_line(argv), log=_log,
+                         strict=args.strict)
 
 
 def diverged_exit(report: dict, quiet: bool = False) -> int:
@@ -199,17 +225,10 @@ def to_target_command(args, argv: list[str]) -> int:
 
 def eval_command(args) -> int:
     """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
-    json_path = claim_result_path(args.json) if getattr(args, "json", None) else None  # fails now, not after
-    try:
-        quiet = getattr(args, "quiet", False)
-        result = evaluate_saved(args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
-                                device=args.device, log=None if quiet else _log)
-        if json_path is not None:
-            write_json(json_path, result)
-    except BaseException:
-        if json_path is not None:
-            release_result_path(json_path)
-        raise
+    quiet = getattr(args, "quiet", False)
+    result, _ = _report_to(getattr(args, "json", None), lambda: evaluate_saved(
+        args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
+        log=None if quiet else _log))
     out(f"accuracy {100 * result['accuracy']:.2f}% on {result['dataset']} test ({result['n']} images, "
         f"TTA level {result['tta_level']})")
     return 0
@@ -225,19 +244,15 @@ def predict_command(args) -> int:
 def bench_loader_command(args, argv: list[str] | None = None) -> int:
     workers = int_list(args.workers, "--workers", 0, 64)
     res = int_list(args.res, "--res", 8, 1024)
-    path = claim_result_path(args.json) if args.json else None  # an existing file fails before any measuring
-    written = False
-    try:
+
+    def make() -> dict:
         report = bench_loader(args.dir, split=args.split, workers=workers, res=res, batch=args.batch,
                               batches=args.batches, runs=args.runs, decode_px=args.decode_px, device=args.device,
                               baseline=args.baseline, decoder=args.decoder, log=_log)
         report["command"] = " ".join(["speedrun", *(sys.argv[1:] if argv is None else argv)])
-        if path is not None:
-            write_json(path, report)
-            written = True
-    finally:
-        if path is not None and not written:
-            release_result_path(path)
+        return report
+
+    report, path = _report_to(args.json, make)
     out(f"{args.dir} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
         f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
     out(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
@@ -246,3 +261,124 @@ def bench_loader_command(args, argv: list[str] | None = None) -> int:
             f"{np.mean(s['startup_s']):>10.2f}  {versus_text(s['versus_baseline'])}")
     err(f"timed: {TIMED_REGION}" + (f"; report: {path}" if path else ""))
     return 0
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:,.1f}"
+
+
+def profile_lines(report: dict) -> list[str]:
+    env = report["environment"]
+    step = report["step_seconds"]
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}: {env['device_name']}), "
+             f"{report['precision']}; {report['schedule']['active']} steps profiled after "
+             f"{report['schedule']['wait'] + report['schedule']['warmup']} unrecorded",
+             f"time per step: {_ms(step)} ms",
+             f"  {'phase':24} {'ms/step':>10} {'share':>7}"]
+    for name, seconds in report["phases_per_step_seconds"].items():
+        lines.append(f"  {name:24} {_ms(seconds):>10} {100 * seconds / step if step else 0:>6.1f}%")
+    lines.append(f"  {'final evaluation (once)':24} {_ms(report['evaluation_seconds']):>10}")
+    total = sum(report["groups_self_seconds"].values()) or 1.0
+    lines.append(f"operators' self time (CPU side{', kernels run on the GPU' if report['device'] == 'cuda' else ''}),"
+                 " by layer type, over the profiled steps and evaluation:")
+    for group, seconds in report["groups_self_seconds"].items():
+        lines.append(f"  {group:24} {_ms(seconds):>10} ms {100 * seconds / total:>6.1f}%")
+    lines.append("top operators by self time:")
+    for op in report["top_operators"]:
+        lines.append(f"  {op['name'][:40]:40} {_ms(op['self_seconds']):>10} ms {op['calls']:>6} calls  {op['group']}")
+    memory = report["peak_memory"]
+    flops = report["flops"]
+    lines += [f"peak memory: {memory['bytes'] / 2**30:.2f} GiB ({memory['what']})",
+              f"FLOPs: a training step {flops['train_step'] / 1e9:,.1f} G, the final evaluation "
+              f"{flops['evaluation'] / 1e9:,.1f} G; the recipe's whole run {flops['recipe_run'] / 1e12:,.2f} T "
+              f"({flops['recipe_steps']} steps; convolutions and matmuls, torch.utils.flop_counter)",
+              f"training steps: {peak_text(report['mfu_train'])}"]
+    if report["mfu_evaluation"] is not None:
+        lines.append(f"final evaluation: {peak_text(report['mfu_evaluation'])}")
+    return lines
+
+
+def profile_command(args, argv: list[str]) -> int:
+
+    def make() -> dict:
+        report = profile(args.recipe, dataset=args.dataset, device=args.device, data_dir=args.data_dir,
+                         image_size=args.image_size, overrides=parse_set_args(args.overrides), active=args.steps,
+                         seed=args.seed, trace=args.trace or "auto", strict=args.strict, log=_log)
+        return {**report, "command": dist.command_line(argv)}
+
+    report, json_path = _report_to(args.json, make)
+    for line in profile_lines(report):
+        out(line)
+    err(f"trace: {report['trace']} (open it in https://ui.perfetto.dev or chrome://tracing)"
+        + (f"; report: {json_path}" if json_path else ""))
+    return 0
+
+
+def peak_command(args) -> int:
+    dev = resolve_device(args.device)
+    name = environment(dev)["device_name"]
+    found = peak_of(dev, name, again=args.again, log=_log)
+    out(f"{found['fingerprint']}: measured {found['measured_utc']}")
+    for dtype, m in found["dtypes"].items():
+        sheet = datasheet(name, dtype)
+        kernels = ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in m["kernels"].items())
+        out(f"  {dtype:5} peak {m['flops_per_s'] / 1e9:>12,.1f} GFLOP/s ({kernels})  datasheet: "
+            + ("none for this device" if sheet is None else f"{sheet[0] / 1e12:,.1f} TFLOP/s ({sheet[1]})"))
+    err(f"cached in {cache_path()} (speedrun peak --again measures again)")
+    return 0
+
+
+def _settings_value(value) -> str:
+    """A config value as --set takes it (and a settings file holds it)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def tune_lines(report: dict) -> list[str]:
+    t = report["tune"]
+    c = t["current"]
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each setting against the current "
+             f"one, {report['runs']} interleaved round(s), ranked by measured gain",
+             "current: " + ", ".join(f"{k} {v}" for k, v in c.items() if v is not None),
+             f"{'setting':42} {'n':>3} {'time ratio (95% CI)':>26} {'p':>8} {'Δ acc points (95% CI)*':>26}  verdict"]
+    for r in t["rows"]:
+        time = r["time"]
+        ratio = "n/a" if time is None else f"{time['ratio']:.3f} ({time['ratio_ci95'][0]:.3f} .. " \
+                                           f"{time['ratio_ci95'][1]:.3f})"
+        p = "-" if time is None else f"{time['p']:.3g}"
+        acc = r["accuracy"]
+        dacc = ("(same numbers)" if not r["changes_numbers"] else "n/a" if acc is None
+                else interval_text(acc["diff"], acc["ci95"], 100))
+        lines.append(f"{r['setting'][:42]:42} {r['n']:>3} {ratio:>26} {p:>8} {dacc:>26}  {r['verdict']}")
+    lines.append("* only for settings that change the numbers, at this short budget: whether it breaks training")
+    for f in t["cannot_run"]:
+        lines.append(f"cannot run here: {f['setting']} ({f['why']})")
+    rec = " ".join(f"{k}={_settings_value(v)}" for k, v in t["recommended"].items()) or "none measured faster"
+    lines.append(f"recommended: {rec} (each measured alone against the current configuration)")
+    return lines
+
+
+def tune_command(args, argv: list[str]) -> int:
+    overrides = parse_set_args(args.overrides)
+    only = None if args.only is None else [k.strip() for k in args.only.split(",") if k.strip()]
+    apply_path = claim_result_path(args.apply) if args.apply else None  # an existing file fails before any work
+    written = False
+    try:
+        report, path, stored = _run_and_store(args, argv, "tune", lambda log: tune(
+            args.recipe, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed, epochs=args.epochs,
+            data_dir=args.data_dir, overrides=overrides, only=only, log=log))
+        for line in tune_lines(report):
+            out(line)
+        err(f"report: {path} (stored as #{stored})")
+        if apply_path is not None:
+            values = {k: _settings_value(v) for k, v in report["tune"]["recommended"].items()}
+            write_settings(apply_path, recipe=report["recipe"], device=report["device"],
+                           device_name=report["environment"]["device_name"], settings=values,
+                           measured={"command": report["command"], "report": str(path), "stored_as": stored,
+                                     "utc": report["environment"]["timestamp_utc"]})
+            written = True
+            err(f"settings: {apply_path} ({len(values)} setting(s); speedrun train {report['recipe']} --settings "
+                f"{apply_path} applies them)")
+    finally:
+        if apply_path is not None and not written:
+            release_result_path(apply_path)
+    return diverged_exit(report)

@@ -17,6 +17,7 @@ from torch import nn
 
 from speedrun import dist
 from speedrun.data.loader import normalize
+from speedrun.engine.phases import phase
 from speedrun.engine.system import rng_state, set_rng_state, synchronize
 from speedrun.errors import Terminated
 from speedrun.tricks.tta import tta_logits
@@ -344,16 +345,17 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=images.device)  # correct, seen
-    for start in range(lo, hi, batch_size):
-        stop = min(start + batch_size, hi)
-        x = normalize(images[start:stop], mean, std, dtype, channels_last)
-        with (autocast() if autocast is not None else contextlib.nullcontext()):
-            logits = tta_logits(model, x, tta_level)
-        counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
-        counts[1] += stop - start
-    model.train(was_training)
-    dist.sum_(counts, world)
-    correct, seen = counts.tolist()
+    with phase("evaluation"):
+        for start in range(lo, hi, batch_size):
+            stop = min(start + batch_size, hi)
+            x = normalize(images[start:stop], mean, std, dtype, channels_last)
+            with (autocast() if autocast is not None else contextlib.nullcontext()):
+                logits = tta_logits(model, x, tta_level)
+            counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
+            counts[1] += stop - start
+        model.train(was_training)
+        dist.sum_(counts, world)
+        correct, seen = counts.tolist()
     return correct / seen
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
-                                       set_cudnn_benchmark, to_channels_last)
+                                       set_cpu_threads, set_cudnn_benchmark, to_channels_last)
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -42,8 +42,9 @@ class System:
 
 
 def setup_system(cfg, device: torch.device) -> System:
-    """Every family's shared settings (config.SystemConfig), resolved once, in one place."""
-    return System(device, resolve_precision(cfg.precision, device),
+    """Every family's shared settings (config.SystemConfig), resolved once, in one place; the CPU's threads set."""
+    set_cpu_threads(device, cfg.cpu_threads)
+    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU),
                   resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
 
 

@@ -21,7 +21,7 @@ from speedrun.config import check_int, field_types
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device
 from speedrun.errors import note_kept, print_line
-from speedrun.records import db
+from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
                                           write_json)
@@ -166,15 +166,17 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
 
 def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, recipe: str, dataset: str | None,
                   device: str, db_path: str | None, json_path: str | None, command: str,
-                  log: Callable[[str], None]) -> tuple[dict, Path | None, int | None]:
+                  log: Callable[[str], None], strict: bool = False) -> tuple[dict, Path | None, int | None]:
     """What `bench`, `ablate` and `ablate --to-target` share: the database opened and the report file claimed
     first (a bad db_path or an existing json_path fails before any training; no json_path: a new file under
     results/ named after `kind`, the recipe and the dataset), then `make(log)` trains and returns the report; every
     setting's result and the report are stored with `command`, and the report written. Returns (report, path,
-    stored id).
+    stored id). strict: refuse (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
+    else each is a warning, and every result lists them.
 
     Under torchrun every process trains (make) and rank 0 alone logs, stores and writes; the others return
     (report, None, None) and log nothing."""
+    debug_apis.guard(strict)  # before anything is opened or claimed
     world = dist.from_env()
     # The group is joined now (bench and to_target find it joined), so that rank 0's opening of the database and
     # claiming of the report file can end every process at once when it fails (dist.main_first).

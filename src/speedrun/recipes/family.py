@@ -79,6 +79,10 @@ class Family(Protocol):
     def build_model(self, cfg: Any, in_channels: int, num_classes: int) -> Any:
         """The untrained network for cfg (a saved model is rebuilt with it, then given its weights)."""
 
+    def flops(self, cfg: Any, data: Any) -> Any:
+        """What one run computes on this data (an engine.flops.RunFlops, counted on the meta device): its training
+        steps and final evaluation, for MFU (`speedrun profile`, and every result)."""
+
 
 def mismatches(module: Any) -> list[str]:
     """Where `module` (a family's package) departs from Family: missing names, and functions whose parameters

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from speedrun.records import debug_apis
+
 _SUBPROCESS_TIMEOUT_S = 5.0  # a hung nvidia-smi or git (network filesystem, broken driver) must not stall a run
 
 
@@ -97,6 +99,7 @@ def environment(device: torch.device | str) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "speedrun_version": _speedrun_version(),
+        "debug_apis": debug_apis.active(),  # what slowed this run without saying so (records/debug_apis.py)
         "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -111,8 +111,9 @@ def _slug(text: str, what: str) -> str:
     return slug
 
 
-def default_result_path(recipe: str, dataset: str, root: str | Path | None = None) -> Path:
-    """A fresh results/YYYYmmdd-HHMMSS-<recipe>-<dataset>.json (UTC), claimed so no other run can take it.
+def default_result_path(recipe: str, dataset: str, root: str | Path | None = None, extension: str = ".json") -> Path:
+    """A fresh results/YYYYmmdd-HHMMSS-<recipe>-<dataset>.json (UTC; `extension` in place of .json), claimed so no
+    other run can take it.
 
     root: $SPEEDRUN_RESULTS, else ./results. dataset may be a name or a path (its basename is used). If the name is
     taken (two runs in one second), -2, -3, ... is appended. The claim is an empty file created with O_EXCL, which is
@@ -132,7 +133,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     try:
         root.mkdir(parents=True, exist_ok=True)
         while True:
-            candidate = root / (f"{stem}.json" if suffix == 1 else f"{stem}-{suffix}.json")
+            candidate = root / (f"{stem}{extension}" if suffix == 1 else f"{stem}-{suffix}{extension}")
             try:
                 os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             except FileExistsError:

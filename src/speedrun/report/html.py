@@ -94,7 +94,7 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
 def _ablations(conn: sqlite3.Connection) -> list[str]:
     out = ['<h2 id="ablation">Ablations and waterfalls</h2>',
            '<p class="note">The newest report of each kind per recipe, dataset and device.</p>']
-    for report in rep.newest_reports(conn, ("ablate", "waterfall", "to_target")):
+    for report in rep.newest_reports(conn, ("ablate", "waterfall", "to_target", "tune")):
         kind = report.get("benchmark")
         prov = escape(rep.provenance(report))
         if kind == "ablate" and (rows := rep.ablation_rows(report)):
@@ -120,6 +120,15 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
                     _table(["variant", "epochs", "to the target", "timed s there", "probes"],
                            [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), r["status"],
                              _num(rep.pm_text(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
+        elif kind == "tune" and (rows := rep.tune_rows(report)):
+            title = rep.report_title(report, "the doctor: each setting against the current one")
+            out += [f"<h3>{escape(title)}</h3>",
+                    f'<p class="note">{prov}; recommended: {escape(rep.tune_recommended(report))}</p>',
+                    _table(["setting", "guide", "n", "time ratio (95% CI)", "p", "Δ acc, points (95% CI)", "verdict"],
+                           [[escape(r["setting"]), escape(r["guide"]),
+                             _num("-" if r["n"] is None else str(int(r["n"]))), _num(rep.ratio_text(r)),
+                             _num(rep.p_text(r["p"])), _num(rep.ci_text(r)) if r["changes_numbers"] else
+                             "(same numbers)", escape(r["verdict"])] for r in rows])]
     return out if len(out) > 2 else out[:1] + ['<p class="note">No ablation is stored yet (`speedrun ablate`).</p>']
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from speedrun.records.result_file import write_text
 from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
-                                     leaderboards, newest_reports, p_text, pm_text, provenance, report_title,
-                                     waterfall_rows)
+                                     leaderboards, newest_reports, p_text, pm_text, provenance, ratio_text,
+                                     report_title, tune_recommended, tune_rows, waterfall_rows)
 
 
 def _md_provenance(report: dict) -> str:
@@ -47,7 +47,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
     """BENCHMARKS.md's generated section: the newest ablation and waterfall tables per recipe, dataset, device."""
     lines = []
-    for report in newest_reports(conn, ("ablate", "waterfall")):
+    for report in newest_reports(conn, ("ablate", "waterfall", "tune")):
         env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
         where = (f"{clip_text(env.get('device_name') or report.get('device'), 60)}, "
                  f"torch {clip_text(env.get('torch'), 30)}")
@@ -59,6 +59,17 @@ def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
             lines += _md_table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
                                [[r["trick"], r["off"], ci_text(r), p_text(r["p"]), "-" if r["ratio"] is None
                                  else f"{r['ratio']:.3f}", r["what"]] for r in rows])
+        elif report.get("benchmark") == "tune":
+            rows = tune_rows(report)
+            lines += [f"#### The doctor: {_md(report_title(report, 'each setting against the current one'))}", "",
+                      f"{_md(where)}; {_md_provenance(report)}. Time ratio = setting / current (below 1: faster); "
+                      "Δ accuracy only for settings that change the numbers, at the same short budget. "
+                      f"Recommended: {_md(tune_recommended(report))}.", ""]
+            lines += _md_table(["setting", "guide", "n", "time ratio (95% CI)", "p", "Δ acc, points (95% CI)",
+                                "verdict"],
+                               [[r["setting"], r["guide"], "-" if r["n"] is None else str(int(r["n"])), ratio_text(r),
+                                 p_text(r["p"]), ci_text(r) if r["changes_numbers"] else "(same numbers)",
+                                 r["verdict"]] for r in rows])
         else:
             rows = waterfall_rows(report)
             lines += [f"#### Waterfall: {_md(report_title(report, 'tricks added one at a time'))}", "",

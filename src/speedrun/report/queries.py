@@ -224,6 +224,39 @@ def waterfall_rows(report: dict) -> list[dict]:
     return rows
 
 
+def tune_rows(report: dict) -> list[dict]:
+    """The doctor's rows (instruments/tune.py), each number checked: setting, the guide's item, the time ratio with
+    its interval, p, the accuracy difference where the setting changes the numbers, the verdict."""
+    rows = []
+    for r in _items(_dict(report.get("tune")).get("rows")):
+        t = _dict(r.get("time"))
+        ci = t.get("ratio_ci95")
+        low, high = (_within(ci[0], 0.0, 1e6), _within(ci[1], 0.0, 1e6)) if isinstance(ci, list) and len(ci) == 2 \
+            else (None, None)
+        a = _dict(r.get("accuracy")) if r.get("changes_numbers") is True else {}
+        gain, alow, ahigh = _interval(a.get("diff"), a.get("ci95"))
+        rows.append({"setting": clip_text(r.get("setting"), 80), "guide": clip_text(r.get("guide"), 60),
+                     "n": _within(r.get("n"), 0, 1e6), "ratio": _within(t.get("ratio"), 0.0, 1e6), "ratio_low": low,
+                     "ratio_high": high, "p": _within(t.get("p"), 0.0, 1.0), "changes_numbers":
+                     r.get("changes_numbers") is True, "gain": gain, "low": alow, "high": ahigh,
+                     "recommended": r.get("recommended") is True, "verdict": clip_text(r.get("verdict"), 60)})
+    return rows
+
+
+def tune_recommended(report: dict) -> str:
+    """The recommended settings as `key=value ...`, each clipped; "none" when nothing measured faster."""
+    found = _dict(_dict(report.get("tune")).get("recommended"))
+    return " ".join(f"{clip_text(k, 40)}={clip_text(v, 40)}" for k, v in list(found.items())[:20]) or "none"
+
+
+def ratio_text(row: dict) -> str:
+    if row["ratio"] is None:
+        return "-"
+    if row["ratio_low"] is None or row["ratio_high"] is None:
+        return f"{row['ratio']:.3f}"
+    return f"{row['ratio']:.3f} ({row['ratio_low']:.3f} .. {row['ratio_high']:.3f})"
+
+
 def target_rows(report: dict) -> list[dict]:
     """Per variant: the epochs it needed ("reached"), or the most it was tried at: "not reached" when its search
     ended there, "unfinished" when the search was cut short (an interrupted command)."""

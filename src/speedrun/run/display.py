@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from speedrun.engine import peak
 from speedrun.errors import printable
 from speedrun.records.stats import summarize
 
@@ -158,5 +159,9 @@ class Display:
             caption.append("One run has no spread: std and interval are n/a.")
         caption.append(f"Timed region: {result.timed_region}. Data loading ({result.data_seconds:.1f} s) and warm-up "
                        f"({result.warmup_seconds:.1f} s) are reported apart.")
+        mfu = result.mfu()
+        if mfu is not None:
+            caption.append(f"{result.flops.run / 1e12:,.3g} TFLOP a run (convolutions and matmuls); "
+                           f"{peak.mfu_text(mfu)}.")
         table.caption = " ".join(caption)
         self.out.print(table)

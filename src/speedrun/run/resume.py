@@ -29,6 +29,22 @@ Found = tuple[dict, dict, Path]  # (state, meta, path)
 DEFAULT_CHECKPOINTS_PER_RUN = 10
 
 
+def check_precision(saved: dict, meta: dict, path: Path) -> None:
+    """A resumed run continues at the precision its checkpoint ran at. precision=auto may resolve otherwise here
+    (another device, or a version whose auto differs, as for a CPU with native bf16): then the line names the
+    --set that continues it as it began. A checkpoint that predates the record ran at what auto meant then: bf16
+    on CUDA, fp32 elsewhere (taken to be this run's device type)."""
+    config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+    asked = config.get("precision", "auto")
+    used = saved.get("precision_used")
+    if not isinstance(used, str):
+        used = asked if asked != "auto" else ("bf16" if meta.get("device_type") == "cuda" else "fp32")
+    if used != meta.get("precision_used"):
+        raise ValueError(f"checkpoint {path.name} ran in {used[:10]} (precision={str(asked)[:10]}); this run would "
+                         f"run in {meta.get('precision_used')}: add --set precision={used[:10]} to continue it as it "
+                         "began, or start afresh without --resume")
+
+
 @dataclass
 class Plan:
     directory: Path | None
@@ -93,8 +109,10 @@ class Plan:
         if found is None:
             return 0, None, []
         state, saved, path = found
-        # The dataset as typed may differ (a relative path, say): its content is in meta["data"].
-        check_compatible(saved, meta, path, may_differ | {"dataset"})
+        check_precision(saved, meta, path)
+        # The dataset as typed may differ (a relative path, say): its content is in meta["data"]. The precision
+        # asked for may differ where it resolves to the one the checkpoint ran at (check_precision).
+        check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type"})
         try:
             run = saved["run"]
             finished = _check_finished(saved["finished"], meta["seed"])

@@ -20,13 +20,16 @@ from typing import Any
 from speedrun import dist
 from speedrun.config import apply_overrides, check_int
 from speedrun.data import limits
+from speedrun.engine import peak
 from speedrun.engine.checkpoint import list_checkpoints
+from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
-from speedrun.engine.system import resolve_device
+from speedrun.engine.system import resolve_device, setup_system
 from speedrun.errors import SpeedrunWarning, escaped_refusals, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
 from speedrun.records import db as results_db
+from speedrun.records import debug_apis, settings_file
 from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
 from speedrun.run import display, export
@@ -60,6 +63,16 @@ def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any])
     return cfg
 
 
+def _count_flops(family, cfg, data) -> RunFlops | None:
+    """The family's count of what one run computes, or None (warned) where the counter cannot follow the model:
+    the count is an instrument, and a run never fails for it."""
+    try:
+        return family.flops(cfg, data)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        warn(f"FLOPs not counted ({type(e).__name__}: {' '.join(str(e).split())[:120]}); the result has no MFU")
+        return None
+
+
 def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
     """Each keyword is (value, allowed types, what to pass instead): the API's arguments, before anything uses them
     (a device of None or a json_path of 123 would otherwise fail deep inside, as a TypeError naming nothing)."""
@@ -75,7 +88,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
           summary: bool | None = None, command: str | None = None, smoke: bool = False,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
           resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
-          db: str | Path | None = None, overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
+          db: str | Path | None = None, strict: bool = False, settings: str | Path | None = None,
+          overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `config_overrides` (or the dict `overrides`, which may hold any key, `epochs` included) are config fields,
@@ -90,6 +104,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     "auto" for the newest usable one in checkpoint_dir (none yet: start afresh); under torchrun a restarted worker
     group resumes by itself. save: write the last run's trained network there (export.py; `speedrun.load`).
     price_per_hour: US dollars per device-hour for the result's cost (default: records/cost.py's table by device name).
+    strict: refuse to train (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
+    without it each is a warning, and every result lists them (environment.debug_apis).
+    settings: a settings file written by `speedrun tune --apply` (default: $SPEEDRUN_SETTINGS, if set): its values
+    apply under the overrides, and the result records them; a file for another recipe or device type is refused.
     db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened and
     migrated before any work; a failure to store it later is a warning (the JSON file has it).
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
@@ -104,8 +122,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  checkpoint_dir=(checkpoint_dir, path_like, "a folder path (--checkpoint-dir)"),
                  resume=(resume, path_like, "a checkpoint path, 'auto' or None (--resume)"),
                  save=(save, path_like, "a file path (--save)"), db=(db, path_like, "a file path (--db)"),
+                 settings=(settings, path_like, "a settings file path (--settings)"),
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
-                 smoke=(smoke, (bool,), "True or False (--smoke)"), verbose=(verbose, (bool,), "True or False"),
+                 smoke=(smoke, (bool,), "True or False (--smoke)"),
+                 strict=(strict, (bool,), "True or False (--strict)"), verbose=(verbose, (bool,), "True or False"),
                  summary=(summary, (bool, type(None)), "True, False or None"),
                  command=(command, (str, type(None)), "a string or None"))
     rec = get_recipe(recipe)
@@ -115,7 +135,11 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     keep_checkpoints = check_int("keep_checkpoints", "--keep-checkpoints", keep_checkpoints, 1, 10**6)
     if checkpoint_every is not None:
         checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
-    cfg = make_config(rec, epochs, {**(overrides or {}), **config_overrides})
+    if settings is None:
+        settings = os.environ.get("SPEEDRUN_SETTINGS") or None
+    tuned, settings_used = ({}, None) if settings is None else settings_file.overrides_from(
+        settings, rec.name, resolve_device(device).type)
+    cfg = make_config(rec, epochs, {**tuned, **(overrides or {}), **config_overrides})
     cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
     world = dist.from_env()
     dev = dist.device_for(world, resolve_device(device))
@@ -130,6 +154,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         with warnings.catch_warnings():
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
+            debug_apis.guard(strict)
             if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
                 database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
@@ -155,7 +180,9 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
             meta = None if plan.directory is None and found is None else {
                 "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
-                "data": family.data_signature(data), "seed": seed}
+                "data": family.data_signature(data), "seed": seed,
+                # what precision=auto resolved to here: a resumed run must continue at the precision it began with
+                "device_type": dev.type, "precision_used": setup_system(cfg, dev).precision}
             first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
@@ -171,7 +198,9 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                             smoke_test=smoke, image_size=image_size, command=command,
                             timed_region=family.timed_region(cfg), world=world.to_dict(),
                             resumed_from=[str(found[2])] if found else [],
-                            price=cost.price_for(env["device_name"], price_per_hour))
+                            price=cost.price_for(env["device_name"], price_per_hour),
+                            flops=_count_flops(family, cfg, data), precision=setup_system(cfg, dev).precision,
+                            peaks=peak.cached(dev, env["device_name"]), settings=settings_used)
             checkpoints = plan.checkpoints(meta, json_path, world)
 
         session = Session(result, json_path=json_path, database=database, db=db, world=world, show=show,

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from speedrun import dist
+from speedrun.engine import peak
+from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import RunResult, signals_held
 from speedrun.errors import note_kept, warn
 from speedrun.records import cost
@@ -50,6 +52,10 @@ class Result:
     saved_model: str | None = None  # --save: the trained network's files
     wall_seconds: float = 0.0  # the whole command: settings, data, warm-up, every run, writing
     price: cost.Price | None = None  # of one device-hour (cost.py); None: no cost is shown
+    flops: RunFlops | None = None  # what one run computes (the family's flops(); None where it could not count)
+    precision: str | None = None  # the precision the runs used (config's "auto" resolved for the device)
+    peaks: dict | None = None  # this device's measured peaks (engine/peak.py's cache; None: never measured here)
+    settings: dict | None = None  # the settings file applied (records/settings_file.py), and its values
     model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
 
     @property
@@ -92,6 +98,18 @@ class Result:
                 "timed_usd_per_run": cost.dollars(timed, self.price, devices),
                 "wall_usd": cost.dollars(self.wall_seconds, self.price, devices)}
 
+    def mfu(self) -> dict | None:
+        """A run's FLOPs over its mean timed seconds, against this device's peak (every process's device: the
+        FLOPs are the global batch's); None without FLOPs or a finished run."""
+        if self.flops is None or not self.finished or self.precision is None:
+            return None
+        seconds = summarize([r.train_seconds for r in self.finished]).mean
+        if not seconds or seconds <= 0:
+            return None
+        per_device = self.flops.run / seconds / max(1, self.world.get("processes", 1))
+        return {**peak.mfu(per_device, self.peaks, self.precision, self.environment.get("device_name")),
+                "devices": self.world.get("processes", 1)}
+
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies).to_dict() if self.finished else None
         secs = summarize([r.train_seconds for r in self.finished]).to_dict() if self.finished else None
@@ -107,6 +125,8 @@ class Result:
             "diverged_runs": self.diverged_runs, "image_size": self.image_size,
             "world": self.world, "resumed_from": self.resumed_from, "saved_model": self.saved_model,
             "wall_seconds": self.wall_seconds, "cost": self.costs(),
+            "flops": None if self.flops is None else self.flops.to_dict(), "precision": self.precision,
+            "mfu": self.mfu(), "settings": self.settings,
             "seeds": [r.seed for r in self.runs],
             "runs": [r.to_dict() for r in self.runs], "config": self.config,
             "environment": self.environment,

@@ -16,8 +16,9 @@ import torch
 
 
 def decoupled_sgd(groups: list[dict], *, lr_per_1024: float, weight_decay_per_1024: float, momentum: float,
-                  batch_size: int) -> torch.optim.SGD:
-    """groups: [{"params": [...], "lr_mult": float}, ...]. Each group keeps its base lr in "initial_lr"."""
+                  batch_size: int, kernel: dict | None = None) -> torch.optim.SGD:
+    """groups: [{"params": [...], "lr_mult": float}, ...]. Each group keeps its base lr in "initial_lr".
+    kernel: torch.optim.SGD's implementation keywords (tricks/optimizer_kernel.py)."""
     scale = 1024 * (1 + 1 / (1 - momentum))
     lr = lr_per_1024 / scale
     decay_per_step = weight_decay_per_1024 * batch_size / scale
@@ -26,4 +27,4 @@ def decoupled_sgd(groups: list[dict], *, lr_per_1024: float, weight_decay_per_10
         group_lr = lr * g["lr_mult"]
         param_groups.append({"params": g["params"], "lr": group_lr, "initial_lr": group_lr,
                              "weight_decay": decay_per_step / group_lr})
-    return torch.optim.SGD(param_groups, momentum=momentum, nesterov=True)
+    return torch.optim.SGD(param_groups, momentum=momentum, nesterov=True, **(kernel or {}))

@@ -90,6 +90,7 @@ class CifarConfig(SystemConfig):
 
     def validate(self) -> None:
         """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
+        self.validate_system()
         for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):

@@ -13,10 +13,13 @@ import torch
 
 from speedrun import dist
 from speedrun.data.dataset import Dataset
-from speedrun.data.loader import DeviceLoader, channel_stats, normalize
+from speedrun.data.loader import DeviceLoader, channel_stats, normalize, steps_for
+from speedrun.engine import flops as run_flops
 from speedrun.engine.checkpoint import load_optimizer, restoring
+from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import (FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, last_batch_row,
                                   stop_at_step_end, untimed_warmup)
+from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
 from speedrun.models import CifarNet
 from speedrun.recipes.cifar.config import CifarConfig
@@ -25,6 +28,7 @@ from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
+from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.whitening import patch_whitening_init_
 
@@ -32,6 +36,13 @@ from speedrun.tricks.whitening import patch_whitening_init_
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
     return CifarNet(in_channels, num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px, cfg.bn_momentum,
                     cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation)
+
+def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
+    """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
+    model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
+    return run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
+                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
+                                   cfg.tta_level)
 
 
 def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
@@ -45,12 +56,13 @@ def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Opti
         return [decoupled_sgd([{"params": norms, "lr_mult": cfg.bias_lr_mult},
                                {"params": [model.whiten.bias] + filters + head, "lr_mult": 1.0}],
                               lr_per_1024=cfg.lr_per_1024, weight_decay_per_1024=cfg.weight_decay_per_1024,
-                              momentum=cfg.momentum, batch_size=cfg.batch_size)]
+                              momentum=cfg.momentum, batch_size=cfg.batch_size,
+                              kernel=optimizer_kernel_kwargs(cfg.optimizer_kernel))]
     wd = cfg.muon_weight_decay_per_example * cfg.batch_size
     biases = [model.whiten.bias] + norms
     sgd = torch.optim.SGD([{"params": biases, "lr": cfg.muon_bias_lr, "weight_decay": wd / cfg.muon_bias_lr},
                            {"params": head, "lr": cfg.muon_head_lr, "weight_decay": wd / cfg.muon_head_lr}],
-                          momentum=cfg.momentum, nesterov=True)
+                          momentum=cfg.momentum, nesterov=True, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
     muon = Muon(filters, lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                 ns_steps=cfg.muon_ns_steps)
     for opt in (sgd, muon):
@@ -66,14 +78,17 @@ def train_step(forward: Callable[[torch.Tensor], torch.Tensor], optimizers: list
 
     Returns (logits, loss) for the per-epoch table. benchmarks/step_time.py times exactly this.
     """
-    with amp():
-        logits = forward(inputs)
-    loss = cross_entropy(logits, targets, label_smoothing)
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
-    loss.backward()
-    for opt in optimizers:
-        opt.step()
+    with phase("forward"):
+        with amp():
+            logits = forward(inputs)
+        loss = cross_entropy(logits, targets, label_smoothing)
+    with phase("backward"):
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with phase("optimizer"):
+        for opt in optimizers:
+            opt.step()
     return logits, loss
 
 
@@ -172,7 +187,7 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
         guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop)
-        for inputs, targets in loader.batches(state.step):
+        for inputs, targets in phased(loader.batches(state.step)):
             if not state.whiten_bias_frozen and loader.epoch_at(state.step) >= cfg.whiten_bias_epochs:
                 state.whiten_bias_frozen = True
                 model.whiten.bias.requires_grad_(False)

@@ -22,27 +22,38 @@ import torch
 
 from speedrun import dist
 from speedrun.data.dataset import Dataset
-from speedrun.data.loader import DeviceLoader, channel_stats, normalize
+from speedrun.data.loader import DeviceLoader, channel_stats, normalize, steps_for
+from speedrun.engine import flops as run_flops
 from speedrun.engine.checkpoint import load_optimizer, restoring
+from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import (FiniteLossGuard, LoopState, RunResult, Steps, Timer, evaluate, last_batch_row,
                                   stop_at_step_end, untimed_warmup)
+from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
 from speedrun.recipes.cifar_resnet.config import ResnetConfig
 from speedrun.recipes.cifar_resnet.model import CifarResNet, whiten_stem_
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
+from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 
 
 def build_model(cfg: ResnetConfig, in_channels: int, num_classes: int) -> CifarResNet:
     return CifarResNet(in_channels, num_classes, cfg.widths)
 
+def flops(cfg: ResnetConfig, data: Dataset) -> RunFlops:
+    """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
+    model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
+    return run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
+                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
+                                   cfg.tta_level)
+
 
 def build_optimizers(cfg: ResnetConfig, model: CifarResNet) -> list[torch.optim.Optimizer]:
     """One SGD over every parameter with the same weight decay, as kuangliu/pytorch-cifar (BN and biases
     included); "initial_lr" keeps the base lr that the schedule multiplies."""
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                          weight_decay=cfg.weight_decay)
+                          weight_decay=cfg.weight_decay, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
     return [opt]
@@ -65,14 +76,17 @@ def train_step(forward: Callable[[torch.Tensor], torch.Tensor], optimizers: list
 
     Returns (logits, summed loss) for the per-epoch table and the finite-loss guard.
     """
-    with amp():
-        logits = forward(inputs)
-    loss = cross_entropy(logits, targets, label_smoothing)  # summed over the share
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
-    (loss / batch_size).backward()
-    for opt in optimizers:
-        opt.step()
+    with phase("forward"):
+        with amp():
+            logits = forward(inputs)
+        loss = cross_entropy(logits, targets, label_smoothing)  # summed over the share
+    with phase("backward"):
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        (loss / batch_size).backward()
+    with phase("optimizer"):
+        for opt in optimizers:
+            opt.step()
     return logits, loss
 
 
@@ -164,7 +178,7 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
         guard = FiniteLossGuard(device, total_steps, "lr", enabled=cfg.check_finite_loss, world=world, stop=stop)
-        for inputs, targets in loader.batches(state.step):
+        for inputs, targets in phased(loader.batches(state.step)):
             mult = lr_mult(cfg, state.step, total_steps)
             for opt in state.optimizers:
                 for group in opt.param_groups:

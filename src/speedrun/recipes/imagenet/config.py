@@ -69,6 +69,7 @@ class ImagenetConfig(SystemConfig):
     eval_batch_size: int = 256
 
     def validate(self) -> None:
+        self.validate_system()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= 1e4):

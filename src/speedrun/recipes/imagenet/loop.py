@@ -13,9 +13,13 @@ from typing import Any
 import torch
 
 from speedrun import dist
+from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
+from speedrun.engine import flops as run_flops
 from speedrun.engine.checkpoint import load_optimizer, restoring
+from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, stop_at_step_end
+from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
 from speedrun.models.resnet import norm_and_bias_params, resnet
 from speedrun.recipes.imagenet.config import ImagenetConfig
@@ -24,6 +28,7 @@ from speedrun.recipes.imagenet.data import ShardData
 from speedrun.tricks.ema import make_ema
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lars import Lamb, Lars
+from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 
 
@@ -44,6 +49,25 @@ def res_at(cfg: ImagenetConfig, step: int, total_steps: int) -> int:
     return min(cfg.max_res_px, max(cfg.min_res_px, int(round(px / cfg.res_step_px)) * cfg.res_step_px))
 
 
+def flops(cfg: ImagenetConfig, data: ShardData) -> RunFlops:
+    """What one run computes (engine/flops.py): each step's batch forward and backward at that step's resolution
+    (progressive resizing), and the final evaluation at eval_res_px, the mirror too when tta_flip."""
+    model = run_flops.on_meta(lambda: build_model(cfg, 3, data.num_classes))
+    total = steps_for(cfg.epochs, data.num_train, cfg.batch_size)
+    at_res: dict[int, int] = {}  # px -> steps at it
+    for step in range(total):
+        px = res_at(cfg, step, total)
+        at_res[px] = at_res.get(px, 0) + 1
+    train = sum(run_flops.train_step(model, (3, px, px), cfg.batch_size) * n for px, n in at_res.items())
+    views = 2 if cfg.tta_flip else 1
+    evaluation = run_flops.evaluation(model, (3, cfg.eval_res_px, cfg.eval_res_px), data.num_eval * views, 0)
+    return RunFlops(train=train, steps=total, evaluation=evaluation,
+                    counted=f"{total} steps of {cfg.batch_size} images at " + ", ".join(
+                        f"{px} px x {n}" for px, n in sorted(at_res.items())) + f" (forward and backward), "
+                    f"{data.num_eval} evaluation images x {views} view(s) at {cfg.eval_res_px} px; convolutions and "
+                    "matmuls only (torch.utils.flop_counter)")
+
+
 def build_optimizer(cfg: ImagenetConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """Two groups: weights, and BatchNorm/bias parameters (no weight decay when no_decay_norm_bias; no LARS/LAMB
     trust ratio for them either, as Goyal et al. and MLPerf's LARS). Each group keeps its peak lr as initial_lr."""
@@ -60,7 +84,8 @@ def build_optimizer(cfg: ImagenetConfig, model: torch.nn.Module) -> torch.optim.
         return Lamb(groups, lr=peak)
     for g in groups:
         del g["adapt"]
-    return torch.optim.SGD(groups, lr=peak, momentum=cfg.momentum)
+    # LARS and LAMB compute their trust ratios per tensor in their own step: the kernel choice is SGD's alone
+    return torch.optim.SGD(groups, lr=peak, momentum=cfg.momentum, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
 
 
 @dataclass
@@ -101,7 +126,7 @@ def evaluate_top1(forward: Callable, data: ShardData, cfg: ImagenetConfig, syste
     part = slice(world.rank * n // world.size, (world.rank + 1) * n // world.size)
     counts = torch.zeros(2, dtype=torch.float64, device=system.device)  # correct, seen
     images = ShardImages(data.root, data.eval_split, eval_decode_px(cfg))
-    with torch.no_grad(), system.amp():
+    with torch.no_grad(), system.amp(), phase("evaluation"):
         for inputs, labels in eval_batches(images, batch_size=cfg.eval_batch_size, res=cfg.eval_res_px,
                                            crop_ratio=cfg.eval_crop_ratio, device=system.device, mean=data.mean_t,
                                            std=data.std_t, dtype=system.dtype, channels_last=system.channels_last,
@@ -159,22 +184,25 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
     with stop_at_step_end() as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
                                 stop=stop)
-        for inputs, targets in loader.batches(state.step):
+        for inputs, targets in phased(loader.batches(state.step)):
             if on_batch is not None:
                 on_batch(state.step, targets)
             mult = triangle(state.step, total_steps, 0.0, warmup_frac, 0.0)
             for group in state.optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * mult
-            with system.amp():
-                logits = train_forward(inputs)
-            # Summed over this share, divided by the global batch: gradients summed over processes = the mean.
-            loss = cross_entropy(logits, targets, cfg.label_smoothing) / cfg.batch_size
-            state.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            state.optimizer.step()
+            with phase("forward"):
+                with system.amp():
+                    logits = train_forward(inputs)
+                # Summed over this share, divided by the global batch: gradients summed over processes = the mean.
+                loss = cross_entropy(logits, targets, cfg.label_smoothing) / cfg.batch_size
+            with phase("backward"):
+                state.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            with phase("optimizer"):
+                state.optimizer.step()
+                if state.ema is not None:
+                    state.ema.update(state.step + 1)
             state.step += 1
-            if state.ema is not None:
-                state.ema.update(state.step)
             stopping = guard.check(state.step, loss, cfg.lr_per_256 * mult)
             epoch = loader.epoch_at(state.step)
 

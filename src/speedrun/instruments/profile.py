@@ -1,0 +1,193 @@
+"""`speedrun profile RECIPE`: where a training step's time goes, on this device, for this recipe.
+
+torch.profiler records real training steps of the recipe's own loop (its train_run, cut to wait + warm-up +
+active steps at the recipe's batch size): `wait` steps unrecorded, `warmup` recorded and thrown away (the
+profiler's own start-up), then `active` steps and the final evaluation. Where compile is on, the family's untimed
+warm-up run happens first, so compilation is not in the profile.
+
+From the recorded events:
+- each phase's time per step, by the ranges each family's loop marks (engine/phases.py): data (the loader making
+  a batch: augmentation, copies), forward (with the loss), backward, optimizer; the rest of the step is host
+  overhead and idle (the loop's bookkeeping, Python, waiting). The final evaluation is shown once, apart.
+- the operators' self time grouped by layer type (convolution, batchnorm, pooling, activation, linear, optimizer,
+  copies and layout changes, other), and the top operators;
+- peak memory (CUDA: the caching allocator's peak; CPU: the process's peak resident set);
+- FLOPs (the family's flops(), torch.utils.flop_counter on the real shapes): a training step, the evaluation,
+  the whole recipe's run; achieved FLOP/s of the profiled steps and MFU against this device's measured peak
+  for the precision used (engine/peak.py, measured now if not cached), and the datasheet's where one is known.
+The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, schedule
+
+from speedrun import dist
+from speedrun.config import check_int
+from speedrun.engine import peak
+from speedrun.engine.loop import Diverged
+from speedrun.engine.phases import PHASES, PREFIX
+from speedrun.engine.system import resolve_device, setup_system
+from speedrun.errors import print_line
+from speedrun.records import debug_apis
+from speedrun.records.environment import environment
+from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
+from speedrun.run import runner
+
+# Operator name -> layer type, first match wins (aten's names; mkldnn_/cudnn_ variants included).
+GROUPS = [
+    ("convolution", r"conv"),
+    ("batchnorm", r"batch_norm|native_batch_norm|layer_norm|group_norm"),
+    ("pooling", r"pool"),
+    ("activation", r"relu|gelu|silu|sigmoid|tanh|elu|hardswish|softmax|threshold"),
+    ("linear", r"addmm|\bmm\b|aten::mm|bmm|matmul|linear"),
+    ("optimizer", r"_foreach|lerp|addcdiv|addcmul|sgd|adam|fused"),
+    ("copies/layout", r"copy|to_copy|contiguous|clone|cat|stack|permute|flip|pad|index|gather|scatter|_to\b"
+                      r"|aten::to$|empty_strided|as_strided|transpose|reshape|view|fill_|zero_"),
+]
+TOP_OPERATORS = 10
+
+
+def group_of(name: str) -> str:
+    for group, pattern in GROUPS:
+        if re.search(pattern, name):
+            return group
+    return "other"
+
+
+def _phase_of(event) -> str | None:
+    """The marked phase enclosing `event` (its nearest speedrun/<phase> ancestor), or None."""
+    node = event
+    while node is not None:
+        if node.name.startswith(PREFIX):
+            return node.name[len(PREFIX):]
+        node = node.cpu_parent
+    return None
+
+
+def _peak_memory(device: torch.device) -> dict:
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "what": "CUDA caching allocator's peak"}
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return {"bytes": kib if sys.platform == "darwin" else kib * 1024,
+            "what": "the process's peak resident memory (the dataset included)"}
+
+
+def analyse(events, active: int) -> dict:
+    """Per-step phase times, grouped operator self times and the top operators, from the profiler's events (the
+    active steps and the final evaluation). Times in seconds; per step = over the `active` recorded steps."""
+    phases: dict[str, float] = defaultdict(float)
+    step_us = []
+    groups: dict[str, float] = defaultdict(float)
+    by_phase_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.name.startswith("ProfilerStep"):
+            step_us.append(e.time_range.elapsed_us())
+        elif e.name.startswith(PREFIX):
+            phases[e.name[len(PREFIX):]] += e.time_range.elapsed_us()
+        elif not getattr(e, "is_user_annotation", False):
+            group = group_of(e.name)
+            groups[group] += e.self_cpu_time_total
+            by_phase_group[_phase_of(e) or "host"][group] += e.self_cpu_time_total
+            ops[e.name][0] += e.self_cpu_time_total
+            ops[e.name][1] += 1
+    evaluation_s = phases.pop("evaluation", 0.0) / 1e6
+    recorded_s = sum(step_us) / 1e6 - evaluation_s  # the last step's range runs on through the final evaluation
+    step_s = recorded_s / max(1, active)
+    per_step = {name: phases.get(name, 0.0) / 1e6 / max(1, active) for name in PHASES if name != "evaluation"}
+    per_step["host overhead and idle"] = max(0.0, step_s - sum(per_step.values()))
+    total_self = sum(groups.values()) or 1.0
+    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:TOP_OPERATORS]
+    return {"step_seconds": step_s, "phases_per_step_seconds": per_step, "evaluation_seconds": evaluation_s,
+            "groups_self_seconds": {g: us / 1e6 for g, us in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "groups_share": {g: us / total_self for g, us in groups.items()},
+            "phase_groups_self_seconds": {p: {g: us / 1e6 for g, us in gs.items()} for p, gs in by_phase_group.items()},
+            "top_operators": [{"name": name, "self_seconds": us / 1e6, "calls": int(calls), "group": group_of(name)}
+                              for name, (us, calls) in top]}
+
+
+def exact_epochs(steps: int, num_train: int, batch_size: int) -> float:
+    """The epochs that give the loaders' ceil(epochs x N / batch) exactly `steps` steps."""
+    return steps * batch_size / num_train
+
+
+def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", data_dir=None, image_size=None,
+            overrides: dict[str, Any] | None = None, active: int = 5, wait: int = 1, warmup: int = 1, seed: int = 0,
+            trace: str | Path | None = "auto", strict: bool = False, log=print_line) -> dict:
+    """Profile `active` training steps of `recipe` (see the module); returns the report, the trace written."""
+    active = check_int("steps", "--steps", active, 1, 1000)
+    rec = runner.get_recipe(recipe)
+    family = rec.module()
+    cfg = runner.make_config(rec, None, overrides or {})
+    debug_apis.guard(strict)  # before this command's own profiler starts
+    if dist.from_env().size > 1:
+        raise ValueError("profile runs in one process; run it without torchrun")
+    dev = resolve_device(device)
+    dataset = rec.default_dataset if dataset is None else dataset
+    if trace is None:
+        trace_path = None
+    elif trace == "auto":  # results/<time>-profile-<recipe>-<dataset>.trace.json, claimed
+        trace_path = default_result_path(f"profile-{rec.name}", dataset, extension=".trace.json")
+    else:
+        trace_path = claim_result_path(trace)
+    try:
+        data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
+        total = wait + warmup + active
+        short = runner.make_config(rec, None, {**(overrides or {}),
+                                               "epochs": exact_epochs(total, data.num_train, cfg.batch_size)})
+        short = dataclasses.replace(short, eval_each_epoch=False) if hasattr(short, "eval_each_epoch") else short
+        for message in family.check(short, data, dev, dist.World()):
+            log(f"warning: {message}")
+        env = environment(dev)
+        peaks = peak.peak(dev, env["device_name"], log=lambda line: log(f"peak: {line}"))
+        warm_s = family.warmup(short, data, dev)
+        if warm_s:
+            log(f"untimed warm-up run (compile, autotune): {warm_s:.1f} s")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        log(f"profiling {active} steps of {rec.name} (after {wait} + {warmup} unrecorded) and the final evaluation")
+        began = time.perf_counter()
+        with torch.profiler.profile(activities=activities,
+                                    schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof:
+            try:
+                # No step() after the last step: the final evaluation stays inside the last recorded step.
+                run = family.train_run(short, data, dev, seed,
+                                       on_step=lambda step, steps: prof.step() if step < steps else None)
+            except Diverged as e:
+                raise ValueError(f"the profiled run {e}; profile a setting that trains") from None
+        wall_s = time.perf_counter() - began
+        if trace_path is not None:
+            prof.export_chrome_trace(str(trace_path))
+        found = analyse(prof.events(), active)
+    except BaseException:
+        if trace_path is not None:
+            release_result_path(Path(trace_path))
+        raise
+    precision = setup_system(short, dev).precision
+    step_flops = family.flops(short, data)
+    whole = family.flops(cfg, data)
+    achieved = step_flops.train_step / found["step_seconds"] if found["step_seconds"] > 0 else 0.0
+    evaluation_rate = (step_flops.evaluation / found["evaluation_seconds"] if found["evaluation_seconds"] > 0
+                       else None)
+    return {"benchmark": "profile", "recipe": rec.name, "dataset": dataset, "device": dev.type,
+            "environment": env, "precision": precision, "config": dataclasses.asdict(cfg),
+            "schedule": {"wait": wait, "warmup": warmup, "active": active, "steps_run": run.steps},
+            "wall_seconds": wall_s, **found, "peak_memory": _peak_memory(dev),
+            "flops": {"train_step": step_flops.train_step, "evaluation": step_flops.evaluation,
+                      "recipe_run": whole.run, "recipe_steps": whole.steps, "counted": whole.counted},
+            "mfu_train": peak.mfu(achieved, peaks, precision, env["device_name"]),
+            "mfu_evaluation": (None if evaluation_rate is None else
+                               peak.mfu(evaluation_rate, peaks, precision, env["device_name"])),
+            "peaks": peaks, "trace": None if trace_path is None else str(trace_path)}

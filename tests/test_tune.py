@@ -1,0 +1,198 @@
+"""`speedrun tune` (the doctor), settings files (`--apply`, `train --settings`, $SPEEDRUN_SETTINGS) and the system
+settings it measures (cpu_threads, optimizer_kernel), each an exact no-op at its default."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+
+import pytest
+import torch
+
+from speedrun.cli.program import main
+from speedrun.engine.system import setup_system
+from speedrun.instruments import tune as doctor
+from speedrun.recipes import get_recipe
+from speedrun.records.settings_file import MAX_SETTINGS_BYTES, write_settings
+from speedrun.report import html, markdown
+from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
+from speedrun.tricks.precision import native_bf16_cpu
+
+TINY = ["--dataset", "synthetic:train=256,test=64", "--device", "cpu", "--epochs", "0.5",
+        "--set", "batch_size=64", "--set", "widths=8,16,16", "--set", "whiten_images=32", "--set", "tta_level=0"]
+CPU = torch.device("cpu")
+
+
+def test_the_doctor_tries_what_applies_on_a_cpu():
+    cfg = get_recipe("cifar10-94").make_config()
+    names = [name for name, _ in doctor.candidates(cfg, CPU)]
+    assert ("precision=bf16" in names) == native_bf16_cpu() and "precision=fp16" not in names
+    assert "channels_last=off" in names and not any(n.startswith("cudnn_benchmark") for n in names)
+    assert "compile=True,compile_mode=default" in names and "compile=True,compile_mode=reduce-overhead" not in names
+    assert {"batch_size=512", "batch_size=2048", "optimizer_kernel=foreach", "optimizer_kernel=fused",
+            "optimizer_kernel=for-loop", "eval_batch_size=1000", "eval_batch_size=4000"} <= set(names)
+    assert not any(n.startswith("workers") for n in names)  # an in-memory family has no loader workers
+    assert all(not n.startswith(f"cpu_threads={torch.get_num_threads()}") for n in names)
+
+
+def test_the_doctor_tries_loader_workers_for_a_loader_fed_family():
+    cfg = get_recipe("imagenet-debug").make_config()
+    names = [name for name, _ in doctor.candidates(cfg, CPU)]
+    assert any(n.startswith("workers=") for n in names)
+    assert f"workers={cfg.workers}" not in names
+
+
+def _setting(ratio, low, high, acc=None):
+    return {"versus_baseline": {"train_seconds": {"ratio": ratio, "ratio_ci95": [low, high], "p": 0.01},
+                                "accuracy": acc}}
+
+
+@pytest.mark.parametrize("setting,numbers,expected", [
+    (_setting(0.5, 0.4, 0.6), False, (True, "faster")),
+    (_setting(0.5, 0.4, 1.1), False, (False, "no clear difference")),
+    (_setting(1.5, 1.2, 1.8), False, (False, "slower")),
+    (_setting(0.5, 0.4, 0.6, {"diff": -0.1, "ci95": [-0.2, -0.01]}), True, (False, "faster, but accuracy falls")),
+    (_setting(0.5, 0.4, 0.6, {"diff": -0.01, "ci95": [-0.05, 0.03]}), True, (True, "faster")),
+    ({"versus_baseline": None}, False, (False, "n/a (needs 2+ runs a side)")),
+])
+def test_a_setting_is_recommended_only_when_its_whole_interval_is_faster(setting, numbers, expected):
+    assert doctor._verdict(setting, numbers) == expected
+
+
+def test_tune_measures_applies_and_stores(tmp_path, capsys):
+    settings, report, db = tmp_path / "s.json", tmp_path / "t.json", tmp_path / "db"
+    code = main(["tune", *TINY, "--runs", "2", "--only", "channels_last,optimizer_kernel", "--apply", str(settings),
+                 "--json", str(report), "--db", str(db)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    for text in ("time ratio (95% CI)", "channels_last=off", "optimizer_kernel=fused", "recommended:"):
+        assert text in captured.out
+    r = json.loads(report.read_text())
+    assert r["benchmark"] == "tune" and r["order"][:2] == [{"round": 0, "setting": "current", "seed": 0},
+                                                           {"round": 0, "setting": "channels_last=off", "seed": 0}]
+    assert all(row["n"] == 2 and row["time"]["ratio_ci95"] for row in r["tune"]["rows"])
+    s = json.loads(settings.read_text())
+    assert s["recipe"] == "cifar10-94" and s["device"] == "cpu" and s["measured"]["report"] == str(report)
+    assert s["settings"] == {k: ("true" if v is True else "false" if v is False else str(v))
+                             for k, v in r["tune"]["recommended"].items()}
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM reports WHERE kind = 'tune'").fetchone()[0] == 1
+        stored = json.loads(conn.execute("SELECT json FROM reports WHERE kind = 'tune'").fetchone()[0])
+    assert "The doctor" in "\n".join(markdown.benchmarks_lines(sqlite3.connect(db)))
+    assert "the doctor" in html.page(sqlite3.connect(db))
+    assert stored["tune"]["rows"] == r["tune"]["rows"]
+
+
+def test_a_setting_that_cannot_run_here_is_reported_and_the_rest_measured(tmp_path, capsys, monkeypatch):
+    family = get_recipe("cifar10-94").module()
+    real = family.train_run
+
+    def train_run(cfg, *args, **kwargs):
+        if cfg.optimizer_kernel == "fused":
+            raise RuntimeError("fused SGD is not built for this device")
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(family, "train_run", train_run)
+    assert main(["tune", *TINY, "--runs", "2", "--only", "optimizer_kernel", "--json", str(tmp_path / "t.json"),
+                 "--db", str(tmp_path / "db")]) == 0
+    printed = capsys.readouterr().out
+    assert "cannot run here: optimizer_kernel=fused (RuntimeError: fused SGD is not built" in printed
+    assert "optimizer_kernel=foreach" in printed
+
+
+def test_tune_refuses_an_unknown_only_and_an_existing_apply_file(tmp_path, capsys):
+    assert main(["tune", *TINY, "--only", "warp_speed", "--db", str(tmp_path / "db")]) == 2
+    assert "not a setting the doctor measures" in capsys.readouterr().err
+    taken = tmp_path / "s.json"
+    taken.write_text("mine")
+    assert main(["tune", *TINY, "--apply", str(taken), "--db", str(tmp_path / "db")]) == 2
+    assert taken.read_text() == "mine"
+
+
+def _settings(path, recipe="cifar10-94", device="cpu", **values):
+    return write_settings(path, recipe=recipe, device=device, device_name="x", settings=values,
+                          measured={"command": "speedrun tune"})
+
+
+def test_train_applies_a_settings_file_under_set_and_records_it(tmp_path):
+    path = _settings(tmp_path / "s.json", label_smoothing="0.1", lookahead="false", cpu_threads="1")
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--settings", str(path), "--set", "label_smoothing=0.3", "--json", str(out),
+                 "--quiet", "--db", str(tmp_path / "db")]) == 0
+    r = json.loads(out.read_text())
+    assert r["config"]["lookahead"] is False and r["config"]["cpu_threads"] == 1
+    assert r["config"]["label_smoothing"] == 0.3  # --set wins over the file
+    assert r["settings"]["file"] == str(path) and r["settings"]["settings"]["lookahead"] == "false"
+    assert torch.get_num_threads() >= 1
+
+
+def test_the_settings_environment_variable_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDRUN_SETTINGS", str(_settings(tmp_path / "s.json", lookahead="false")))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--json", str(out), "--quiet", "--db", str(tmp_path / "db")]) == 0
+    assert json.loads(out.read_text())["config"]["lookahead"] is False
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: _settings(p, recipe="cifar10-96"), "measured for 'cifar10-96', not cifar10-94"),
+    (lambda p: _settings(p, device="cuda"), "measured on 'cuda', not cpu"),
+    (lambda p: _settings(p, warp="9"), "unknown config key 'warp'"),
+    (lambda p: _settings(p, label_smoothing="2"), "label_smoothing"),
+    (lambda p: p.write_text("{"), "not JSON"),
+    (lambda p: p.write_bytes(b"\xff\xfe"), "not JSON"),
+    (lambda p: p.write_text("[" * 60_000), "not JSON"),
+    (lambda p: p.write_text(" " * (MAX_SETTINGS_BYTES + 1)), "over"),
+    (lambda p: p.write_text('{"speedrun_settings": 2}'), "not a speedrun settings file"),
+    (lambda p: p.write_text('{"speedrun_settings": 1, "recipe": "cifar10-94", "device": "cpu", "settings": '
+                            '{"lookahead": false}}'), "must map to a string"),
+    (lambda p: p.write_text('{"speedrun_settings": 1, "recipe": 5, "device": "cpu", "settings": {}}'),
+     "malformed"),
+    (lambda p: p.mkdir(), "settings file"),
+    (_fifo, "not a regular file"),
+    (lambda p: None, "No such file"),
+])
+def test_a_bad_settings_file_is_one_line_before_any_work(make, words, tmp_path, capsys):
+    path = tmp_path / "s.json"
+    make(path)
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--settings", str(path), "--json", str(out), "--db", str(tmp_path / "db")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()
+
+
+def test_cpu_threads_zero_is_torchs_default_and_a_value_is_set(monkeypatch):
+    cfg = get_recipe("cifar10-94").make_config()
+    default = torch.get_num_threads()
+    setup_system(dataclasses.replace(cfg, cpu_threads=1), CPU)
+    assert torch.get_num_threads() == 1
+    setup_system(cfg, CPU)
+    assert torch.get_num_threads() == default
+    with pytest.raises(ValueError, match="cpu_threads"):
+        dataclasses.replace(cfg, cpu_threads=-1).validate()
+
+
+def test_optimizer_kernel_auto_passes_nothing_and_each_kernel_gives_the_same_step():
+    assert optimizer_kernel_kwargs("auto") == {}
+    with pytest.raises(ValueError, match="optimizer_kernel"):
+        optimizer_kernel_kwargs("turbo")
+    results = {}
+    for kernel in ("auto", "foreach", "fused", "for-loop"):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(5, 3))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                              **optimizer_kernel_kwargs(kernel))
+        for _ in range(3):
+            opt.zero_grad()
+            (w ** 2).sum().backward()
+            opt.step()
+        results[kernel] = w.detach().clone()
+    for kernel, value in results.items():
+        torch.testing.assert_close(value, results["auto"], msg=kernel)
