@@ -30,7 +30,8 @@ TRAIN = "results"  # the kind of `speedrun train` results, which carry no "bench
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
 COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader"}
-SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare")  # speedrun's own commands' reports
+# speedrun's own commands' reports
+SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare", "tune", "profile")
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
 

@@ -73,7 +73,7 @@ import torch
 from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
-from speedrun.engine.system import setup_system
+from speedrun.engine.system import resolve_system
 from speedrun.records.environment import device_label, environment
 from speedrun.records.result_file import default_result_path, write_json
 from speedrun.records.stats import mean_std_text
@@ -352,7 +352,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
                        "train_order_seed": TRAIN_ORDER_SEED, "load_seconds": data_seconds},
               "ours": None, "airbench": None, "comparison": None, "environment": environment(device)}
     ours_meta = {"recipe": rec.name, "config": dataclasses.asdict(cfg),
-                 "precision": setup_system(cfg, device).precision}
+                 "precision": resolve_system(cfg, device).precision}
     ab_meta = {"system": AIRBENCH, "cudnn_benchmark": True,  # what airbench sets at import
                "accuracy_note": "tta_val_acc as printed, 4 decimals"}
     if args.on_cpu:

@@ -49,6 +49,7 @@ def _cudnn_deterministic(monkeypatch):
 def _sync_debug(monkeypatch):
     # A CPU build has no sync-debug mode to enter: the CUDA calls the guard makes answer as a GPU in mode 1 would.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 1)
     yield
 
@@ -87,21 +88,58 @@ def _python_profiler():
         sys.setprofile(previous)
 
 
-# name, a context with the switch on, a word the one line must hold
+# name, a context with the switch on, a word the one line must hold: switches that slow a run on any device,
+# tried end to end on this machine's CPU
 SWITCHES = [
     ("anomaly", lambda mp: _anomaly(), "anomaly detection"),
     ("profiler", lambda mp: _profiler(), "profiler is recording"),
     ("emit_nvtx", _emit_nvtx, "emit_nvtx"),
     ("deterministic", lambda mp: _deterministic(), "deterministic algorithms"),
+    ("TORCH_COMPILE_DEBUG", lambda mp: _env(mp, "TORCH_COMPILE_DEBUG"), "TORCH_COMPILE_DEBUG"),
+    ("tracer", lambda mp: _tracer(), "Python tracer"),
+    ("python_profiler", lambda mp: _python_profiler(), "Python profiler"),
+]
+# switches that slow only a run on CUDA: this machine has none, so each is checked for a CUDA run directly, and
+# for not being flagged on a CPU run
+CUDA_SWITCHES = [
     ("cudnn_deterministic", _cudnn_deterministic, "cudnn.deterministic"),
     ("sync_debug", _sync_debug, "sync-debug mode"),
     ("CUDA_LAUNCH_BLOCKING", lambda mp: _env(mp, "CUDA_LAUNCH_BLOCKING"), "CUDA_LAUNCH_BLOCKING"),
     ("PYTORCH_NO_CUDA_MEMORY_CACHING", lambda mp: _env(mp, "PYTORCH_NO_CUDA_MEMORY_CACHING"),
      "PYTORCH_NO_CUDA_MEMORY_CACHING"),
-    ("TORCH_COMPILE_DEBUG", lambda mp: _env(mp, "TORCH_COMPILE_DEBUG"), "TORCH_COMPILE_DEBUG"),
-    ("tracer", lambda mp: _tracer(), "Python tracer"),
-    ("python_profiler", lambda mp: _python_profiler(), "Python profiler"),
 ]
+
+
+@pytest.mark.parametrize("name,switch,word", CUDA_SWITCHES, ids=[s[0] for s in CUDA_SWITCHES])
+def test_a_cuda_switch_is_flagged_for_a_cuda_run_only(name, switch, word, monkeypatch):
+    with switch(monkeypatch):
+        assert len([line for line in debug_apis.active("cuda") if word in line]) == 1
+        assert not [line for line in debug_apis.active("cpu") if word in line]
+        with pytest.warns(Warning, match="slower than it could be") as caught:
+            debug_apis.guard(False, "cuda")
+        assert len([w for w in caught if word in str(w.message)]) == 1
+        with pytest.raises(ValueError, match="--strict") as refused:
+            debug_apis.guard(True, "cuda")
+        assert word in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name,value,on", [("TORCH_COMPILE_DEBUG", "false", False), ("TORCH_COMPILE_DEBUG", "0", False),
+                                           ("TORCH_COMPILE_DEBUG", "1", True), ("CUDA_LAUNCH_BLOCKING", "0", False),
+                                           ("PYTORCH_NO_CUDA_MEMORY_CACHING", "true", True)])
+def test_an_environment_switch_is_on_as_its_library_reads_it(name, value, on, monkeypatch):
+    monkeypatch.setenv(name, value)
+    assert any(name in line for line in debug_apis.active("cuda")) == on
+
+
+def test_the_guard_does_not_initialize_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+
+    def init():
+        raise AssertionError("the guard asked CUDA for its sync-debug mode before CUDA was initialized")
+
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", init)
+    debug_apis.active("cuda")
 
 
 def test_nothing_is_flagged_in_a_clean_process(monkeypatch):

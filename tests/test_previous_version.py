@@ -35,12 +35,15 @@ def test_a_checkpoint_of_the_previous_version_resumes_to_that_versions_accuracy(
     folder = tmp_path / "ck"
     folder.mkdir()
     shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", folder / "ckpt-00001-000000003.safetensors")
-    assert main([*CIFAR, "--checkpoint-dir", "ck", "--resume", "auto", "--json", "new.json"]) == 0
+    # The old run was fp32 (precision=auto on a CPU then); where auto now means bf16 (a CPU with native bf16
+    # instructions), the resume asks for fp32 by name, as the refusal says (the next test).
+    assert main([*CIFAR, "--set", "precision=fp32", "--checkpoint-dir", "ck", "--resume", "auto",
+                 "--json", "new.json"]) == 0
     old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "new.json"))
     assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
     assert [r["steps"] for r in new["runs"]] == [r["steps"] for r in old["runs"]] == [4, 4]
-    # the config is the old one, plus the system settings added since, at their defaults (no-ops)
-    assert new["config"] == {**old["config"], "cpu_threads": 0, "optimizer_kernel": "auto"}
+    # the config is the old one, with the precision named and the system settings added since at their defaults
+    assert new["config"] == {**old["config"], "precision": "fp32", "cpu_threads": 0, "optimizer_kernel": "auto"}
 
 
 def test_a_checkpoint_continues_at_the_precision_it_began_with(tmp_path, monkeypatch, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -105,10 +106,19 @@ def test_operators_are_grouped_by_layer_type(name, group):
                                                  ("NVIDIA H200", "fp32", 67e12),
                                                  ("Tesla V100-SXM2-16GB", "bf16", None),  # V100 has no bf16
                                                  ("NVIDIA GeForce RTX 5090", "bf16", None),
+                                                 ("NVIDIA H100 NVL", "bf16", None),  # not the SXM5 figure
+                                                 ("NVIDIA GH200 480GB", "bf16", None),  # not the H200's
+                                                 ("NVIDIA H200 NVL", "bf16", None),
                                                  ("Intel(R) Xeon(R) Processor", "fp32", None), (None, "fp32", None)])
 def test_the_datasheet_never_gives_a_device_anothers_peak(name, dtype, expected):
     found = peak.datasheet(name, dtype)
     assert (found and found[0]) == expected or (found is None and expected is None)
+
+
+def test_fp32_is_compared_with_the_tf32_figure_where_tf32_runs():
+    assert peak.datasheet("NVIDIA A100-SXM4-80GB", "fp32", tf32=True)[0] == 156e12
+    assert peak.datasheet("NVIDIA A100-SXM4-80GB", "fp32", tf32=False)[0] == 19.5e12
+    assert peak.datasheet("Tesla V100-SXM2-16GB", "fp32", tf32=True)[0] == 15.7e12  # no TF32 on a V100
 
 
 def _seed_cache(monkeypatch, tmp_path, rates=FAKE_PEAKS):
@@ -135,7 +145,15 @@ def _fake_measure(monkeypatch, calls):
                                      b'{"KEY": {"dtypes": {"fp32": {"flops_per_s": NaN}}}}',
                                      b'{"KEY": {"dtypes": {"fp32": {"flops_per_s": -5}}}}',
                                      b'{"KEY": {"dtypes": {"fp32": {"flops_per_s": true}}}}',
-                                     b'{"KEY": {"dtypes": {"fp32": "fast"}}}', b'{"KEY": "x"}'])
+                                     b'{"KEY": {"dtypes": {"fp32": "fast"}}}', b'{"KEY": "x"}',
+                                     b'{"KEY": {"fingerprint": "KEY", "measured_utc": "t", "dtypes": {"fp32": '
+                                     b'{"flops_per_s": 1e9, "kernels": {"matmul": 1e9}}}}}',  # no kernel name
+                                     b'{"KEY": {"fingerprint": "KEY", "measured_utc": "t", "dtypes": {"fp32": '
+                                     b'{"flops_per_s": 1e400, "kernel": "m", "kernels": {"m": 1e400}}}}}',
+                                     b'{"KEY": {"fingerprint": "KEY", "measured_utc": "t", "dtypes": {"fp32": '
+                                     b'{"flops_per_s": 1e-300, "kernel": "m", "kernels": {"m": 1e-300}}}}}',
+                                     b'{"KEY": {"fingerprint": "KEY", "measured_utc": "t", "dtypes": {"fp32": '
+                                     b'{"flops_per_s": 1e9, "kernel": "m", "kernels": "zz"}}}}'])
 def test_a_damaged_peak_cache_is_measured_again_never_trusted(content, monkeypatch, tmp_path):
     key = _seed_cache(monkeypatch, tmp_path)
     peak.cache_path().write_bytes(content.replace(b"KEY", key.encode()))
@@ -145,6 +163,16 @@ def test_a_damaged_peak_cache_is_measured_again_never_trusted(content, monkeypat
         found = peak.peak(torch.device("cpu"), key.split(": ", 1)[1].split(",")[0])
     assert calls and found["dtypes"]["fp32"]["flops_per_s"] == 1e9
     assert json.loads(peak.cache_path().read_text())[key]["dtypes"]["fp32"]["flops_per_s"] == 1e9
+
+
+def test_a_peak_cache_that_is_a_fifo_is_measured_again_not_waited_on(monkeypatch, tmp_path):
+    key = _seed_cache(monkeypatch, tmp_path)
+    peak.cache_path().unlink()
+    os.mkfifo(peak.cache_path())
+    calls = []
+    _fake_measure(monkeypatch, calls)
+    with pytest.warns(Warning, match="not a regular file"):
+        assert peak.cached(torch.device("cpu"), key.split(": ", 1)[1].rsplit(", ", 2)[0]) is None
 
 
 def test_a_cached_peak_is_not_measured_again_unless_asked(monkeypatch, tmp_path):
@@ -218,3 +246,15 @@ def test_profile_refuses_an_existing_trace_before_any_work(tmp_path, capsys):
     trace.write_text("mine")
     assert main(["profile", "--dataset", "synthetic", "--device", "cpu", "--trace", str(trace)]) == 2
     assert trace.read_text() == "mine" and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_profile_runs_a_loader_fed_family(monkeypatch, tmp_path, capsys):
+    """imagenet-debug (synthetic shards, a warm-up fraction of its epochs): the short run is the recipe's schedule
+    compressed, as --epochs does, so its warm-up still fits in it."""
+    _seed_cache(monkeypatch, tmp_path, {"fp32": 1e12})
+    trace = tmp_path / "t.json"
+    code = main(["profile", "imagenet-debug", "--device", "cpu", "--steps", "1", "--trace", str(trace)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "time per step" in captured.out and "of the measured fp32 peak" in captured.out
+    assert any(e.get("name") == "speedrun/forward" for e in json.loads(trace.read_text())["traceEvents"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from speedrun.cli.program import main
-from speedrun.engine.system import setup_system
+from speedrun.engine.system import resolve_system, setup_system
 from speedrun.instruments import tune as doctor
 from speedrun.recipes import get_recipe
 from speedrun.records.settings_file import MAX_SETTINGS_BYTES, write_settings
@@ -28,11 +28,15 @@ CPU = torch.device("cpu")
 def test_the_doctor_tries_what_applies_on_a_cpu():
     cfg = get_recipe("cifar10-94").make_config()
     names = [name for name, _ in doctor.candidates(cfg, CPU)]
-    assert ("precision=bf16" in names) == native_bf16_cpu() and "precision=fp16" not in names
+    current = resolve_system(cfg, CPU).precision
+    other = {"bf16": "fp32", "fp32": "bf16" if native_bf16_cpu() else None}[current]
+    assert (other is None or f"precision={other}" in names) and f"precision={current}" not in names
+    assert "precision=fp16" not in names
     assert "channels_last=off" in names and not any(n.startswith("cudnn_benchmark") for n in names)
     assert "compile=True,compile_mode=default" in names and "compile=True,compile_mode=reduce-overhead" not in names
     assert {"batch_size=512", "batch_size=2048", "optimizer_kernel=foreach", "optimizer_kernel=fused",
-            "optimizer_kernel=for-loop", "eval_batch_size=1000", "eval_batch_size=4000"} <= set(names)
+            "eval_batch_size=1000", "eval_batch_size=4000"} <= set(names)
+    assert "optimizer_kernel=for-loop" not in names  # what "auto" is on a CPU: not timed against itself
     assert not any(n.startswith("workers") for n in names)  # an in-memory family has no loader workers
     assert all(not n.startswith(f"cpu_threads={torch.get_num_threads()}") for n in names)
 
@@ -56,6 +60,8 @@ def _setting(ratio, low, high, acc=None):
     (_setting(0.5, 0.4, 0.6, {"diff": -0.1, "ci95": [-0.2, -0.01]}), True, (False, "faster, but accuracy falls")),
     (_setting(0.5, 0.4, 0.6, {"diff": -0.01, "ci95": [-0.05, 0.03]}), True, (True, "faster")),
     ({"versus_baseline": None}, False, (False, "n/a (needs 2+ runs a side)")),
+    ({**_setting(0.5, 0.4, 0.6), "diverged": 2}, False, (False, "2 run(s) diverged")),
+    (_setting(0.5, 0.4, 0.6, None), True, (False, "faster; its accuracy could not be compared")),
 ])
 def test_a_setting_is_recommended_only_when_its_whole_interval_is_faster(setting, numbers, expected):
     assert doctor._verdict(setting, numbers) == expected
@@ -112,7 +118,7 @@ def test_tune_refuses_an_unknown_only_and_an_existing_apply_file(tmp_path, capsy
 
 
 def _settings(path, recipe="cifar10-94", device="cpu", **values):
-    return write_settings(path, recipe=recipe, device=device, device_name="x", settings=values,
+    return write_settings(path, recipe=recipe, device=device, device_name=None, settings=values,
                           measured={"command": "speedrun tune"})
 
 
@@ -133,6 +139,60 @@ def test_the_settings_environment_variable_is_read(tmp_path, monkeypatch):
     out = tmp_path / "r.json"
     assert main(["train", *TINY, "--json", str(out), "--quiet", "--db", str(tmp_path / "db")]) == 0
     assert json.loads(out.read_text())["config"]["lookahead"] is False
+
+
+def test_a_settings_file_from_the_environment_for_another_recipe_is_skipped_with_a_warning(tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setenv("SPEEDRUN_SETTINGS", str(_settings(tmp_path / "s.json", recipe="cifar10-96",
+                                                          lookahead="false")))
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--json", str(out), "--quiet", "--db", str(tmp_path / "db")]) == 0
+    err = capsys.readouterr().err
+    assert "($SPEEDRUN_SETTINGS) was measured for 'cifar10-96'" in err and "unset SPEEDRUN_SETTINGS" in err
+    r = json.loads(out.read_text())
+    assert r["config"]["lookahead"] is True and r["settings"] is None
+
+
+def test_a_settings_file_from_another_device_of_the_type_is_applied_with_a_warning(tmp_path, capsys):
+    path = write_settings(tmp_path / "s.json", recipe="cifar10-94", device="cpu", device_name="Some Other CPU",
+                          settings={"lookahead": "false"}, measured={})
+    out = tmp_path / "r.json"
+    assert main(["train", *TINY, "--settings", str(path), "--json", str(out), "--quiet",
+                 "--db", str(tmp_path / "db")]) == 0
+    assert "was measured on 'Some Other CPU'" in capsys.readouterr().err
+    assert json.loads(out.read_text())["config"]["lookahead"] is False
+
+
+def test_settings_false_ignores_the_environment_and_errors_name_the_source(tmp_path, monkeypatch, capsys):
+    import speedrun
+
+    monkeypatch.setenv("SPEEDRUN_SETTINGS", str(tmp_path / "missing.json"))
+    result = speedrun.train("cifar10-94", "synthetic:train=256,test=64", device="cpu", epochs=0.5, settings=False,
+                            batch_size=64, widths=(8, 16, 16), whiten_images=32, tta_level=0)
+    assert result.settings is None
+    assert main(["train", *TINY, "--db", str(tmp_path / "db")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "($SPEEDRUN_SETTINGS)" in line and "unset SPEEDRUN_SETTINGS" in line
+    monkeypatch.setenv("SPEEDRUN_SETTINGS", str(_settings(tmp_path / "s.json", bogus="1")))
+    assert main(["train", *TINY, "--db", str(tmp_path / "db")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"settings file {tmp_path / 's.json'} ($SPEEDRUN_SETTINGS): unknown config key 'bogus'" in line
+
+
+def test_cpu_threads_after_a_tuned_run_are_back_at_the_default(tmp_path):
+    import speedrun
+
+    default = torch.get_num_threads()
+    speedrun.train("cifar10-94", "synthetic:train=256,test=64", device="cpu", epochs=0.5, cpu_threads=1,
+                   batch_size=64, widths=(8, 16, 16), whiten_images=32, tta_level=0)
+    speedrun.train("cifar10-94", "synthetic:train=256,test=64", device="cpu", epochs=0.5,
+                   batch_size=64, widths=(8, 16, 16), whiten_images=32, tta_level=0)
+    assert torch.get_num_threads() == default
+
+
+def test_compile_on_a_cpu_keeps_auto_at_fp32():
+    cfg = get_recipe("cifar10-94").make_config()
+    assert resolve_system(dataclasses.replace(cfg, compile=True), CPU).precision == "fp32"
 
 
 def _fifo(path):
@@ -196,3 +256,44 @@ def test_optimizer_kernel_auto_passes_nothing_and_each_kernel_gives_the_same_ste
         results[kernel] = w.detach().clone()
     for kernel, value in results.items():
         torch.testing.assert_close(value, results["auto"], msg=kernel)
+
+
+def test_a_candidate_the_config_refuses_is_reported_not_fatal(tiny):
+    """A value the family's config refuses (a doubled batch past its limit, say) is a "cannot run" row with the
+    reason, not the end of the tune."""
+    rec = get_recipe("cifar10-94")
+    base = dict(batch_size=64, widths=(8, 16, 16), whiten_images=32, tta_level=0)
+
+    def make(name):
+        changes = {"batch_size": 1 << 17} if name == "too big" else {}
+        cfg = rec.make_config().__class__(**{**base, **changes})
+        cfg.validate()
+        return cfg
+
+    failed = doctor._smoke_each(rec.module(), make, ["too big", "fine"], tiny, CPU, lambda line: None)
+    assert list(failed) == ["too big"] and failed["too big"].startswith("ValueError: ") and "batch_size" in failed[
+        "too big"]
+
+
+@pytest.mark.parametrize("hostile", ["`<!-- ablation:end -->`", "<script>x</script>", "|a|b|", None, 5, ["x"]])
+def test_a_stored_tune_report_with_hostile_fields_renders(hostile, tmp_path):
+    """A tune report in the database is a file from elsewhere: any field may be anything; the report and the
+    generated Markdown still render, with the text escaped (a marker-like setting does not end a section)."""
+    from speedrun.records import db
+
+    report = {"benchmark": "tune", "recipe": "cifar10-94", "dataset": "d", "device": "cpu", "complete": True,
+              "command": "speedrun tune", "environment": {"timestamp_utc": "2026-01-01T00:00:00+00:00"},
+              "tune": {"rows": [{"setting": hostile, "guide": hostile, "n": hostile, "changes_numbers": True,
+                                 "time": {"ratio": 0.5, "ratio_ci95": [0.4, hostile], "p": hostile},
+                                 "accuracy": {"diff": hostile, "ci95": hostile}, "recommended": hostile,
+                                 "verdict": hostile}],
+                       "recommended": {"precision": hostile}}}
+    conn = db.connect(tmp_path / "db")
+    db.insert_result(conn, report)
+    doc = tmp_path / "B.md"
+    begin, end = markdown.markers("ablation")
+    doc.write_text(f"x\n{begin}\n{end}\ny\n")
+    markdown.rewrite_marked(doc, {"ablation": "\n".join(markdown.benchmarks_lines(conn))})
+    text = doc.read_text()
+    assert text.count(end) == 1 and "<script>" not in text
+    assert "<script>" not in html.page(conn)

@@ -281,8 +281,9 @@ def test_on_cpu_runs_a_cuda_only_airbench_stand_in(tmp_path, monkeypatch, capsys
     assert report["airbench"]["accuracy"]["n"] == 2 and report["comparison"] is not None
     assert torch.nn.Linear(1, 1).half().weight.dtype == torch.float16  # patches gone after the run
     printed = capsys.readouterr().out
-    assert "| speedrun cifar10-94 (fp32 on the CPU) | 2 |" in printed
-    assert "(fp32 on the CPU) | 2 |" in printed.split("speedrun cifar10-94")[-1]
+    ours = report["ours"]["precision"]  # auto: bf16 on a CPU with native bf16, else fp32
+    assert f"| speedrun cifar10-94 ({ours} on the CPU) | 2 |" in printed
+    assert "(fp32 on the CPU) | 2 |" in printed.split("speedrun cifar10-94")[-1]  # airbench's
 
 
 def test_on_cpu_and_dry_run_cpu_exclude_each_other(capsys):

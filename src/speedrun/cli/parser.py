@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    _add_train(sub)
+    _add_results(sub)
+    _add_measuring(sub)
+    _add_files_and_models(sub)
+    return parser
+
+
+def _add_train(sub) -> None:
+    """train and its flags."""
     t = sub.add_parser("train", help="train a recipe for N seeds and report statistics",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="recipes:\n  " + "\n  ".join(recipe_lines()) +
@@ -92,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--settings", default=None, metavar="FILE",
                    help="apply a settings file from `speedrun tune --apply FILE` (default: $SPEEDRUN_SETTINGS); "
                         "--set wins over it; the result records it")
+
+
+def _add_results(sub) -> None:
+    """results and `results import`: the stored results."""
     r = sub.add_parser("results", help="list stored results (filters, --json, --csv); `results import FILE...`")
     r.add_argument("--recipe", default=None)
     r.add_argument("--dataset", default=None, help="the dataset as given, or its last path part")
@@ -109,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     ri.add_argument("files", nargs="+", metavar="FILE")
     # SUPPRESS: `results --db X import F` keeps the X given before `import` (a default here would replace it).
     ri.add_argument("--db", default=argparse.SUPPRESS, metavar="PATH", help="results database (default as for train)")
+
+
+def _add_measuring(sub) -> None:
+    """The commands that measure: bench, ablate, tune, profile, peak."""
     b = sub.add_parser("bench", help="settings side by side: --vary KEY=V1,V2 against the baseline, interleaved")
     b.add_argument("recipe", nargs="?", default="cifar10-94")
     b.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
@@ -174,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("peak", help="this device's peak FLOP/s per precision, measured (matmul and conv) and cached")
     pk.add_argument("--device", default="auto")
     pk.add_argument("--again", action="store_true", help="measure again, replacing the cached figures")
+
+
+def _add_files_and_models(sub) -> None:
+    """compare, eval, predict, report, recipes, data prepare and bench-loader."""
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
     c.add_argument("a", metavar="A", help="baseline: a stored result's id (`speedrun results`) or a result JSON")
     c.add_argument("b", metavar="B", help="candidate: an id or a result JSON")
@@ -238,4 +259,3 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the original JPEGs (class folders or a train/val tree): each setting is also measured "
                          "with Pillow + torch DataLoader over them, and the ratio shown")
     bl.add_argument("--json", default=None, metavar="FILE", help="also write the report here (never replaced)")
-    return parser

@@ -43,6 +43,10 @@ def _cli_signals_and_warnings():
     try:
         with warnings.catch_warnings():  # restores the filters and showwarning on exit
             warnings.simplefilter("default")
+            # a library's deprecation notice (torch's own, on importing torch.compile's machinery) is for that
+            # library's developers, not a user of speedrun: ours are still shown
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("default", category=DeprecationWarning, module=r"speedrun(\.|$)")
             # a file a library left open when a signal cut its import short is not the user's business
             warnings.simplefilter("ignore", ResourceWarning)
             warnings.showwarning = _show_warning

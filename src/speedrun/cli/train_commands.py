@@ -279,8 +279,8 @@ def profile_lines(report: dict) -> list[str]:
         lines.append(f"  {name:24} {_ms(seconds):>10} {100 * seconds / step if step else 0:>6.1f}%")
     lines.append(f"  {'final evaluation (once)':24} {_ms(report['evaluation_seconds']):>10}")
     total = sum(report["groups_self_seconds"].values()) or 1.0
-    lines.append(f"operators' self time (CPU side{', kernels run on the GPU' if report['device'] == 'cuda' else ''}),"
-                 " by layer type, over the profiled steps and evaluation:")
+    lines.append(f"operators' self time ({'the GPU kernels' if report['self_time_on'] == 'device' else 'CPU'}), by "
+                 "layer type, over the profiled steps and the evaluation:")
     for group, seconds in report["groups_self_seconds"].items():
         lines.append(f"  {group:24} {_ms(seconds):>10} ms {100 * seconds / total:>6.1f}%")
     lines.append("top operators by self time:")
@@ -374,7 +374,9 @@ def tune_command(args, argv: list[str]) -> int:
             write_settings(apply_path, recipe=report["recipe"], device=report["device"],
                            device_name=report["environment"]["device_name"], settings=values,
                            measured={"command": report["command"], "report": str(path), "stored_as": stored,
-                                     "utc": report["environment"]["timestamp_utc"]})
+                                     "utc": report["environment"]["timestamp_utc"],
+                                     # what each setting was measured against: the recipe with these
+                                     "against": {"set": overrides, "epochs": args.epochs}})
             written = True
             err(f"settings: {apply_path} ({len(values)} setting(s); speedrun train {report['recipe']} --settings "
                 f"{apply_path} applies them)")

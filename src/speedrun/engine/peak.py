@@ -23,36 +23,54 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from speedrun.engine.system import synchronize
 from speedrun.errors import warn
-from speedrun.records.result_file import write_json
+from speedrun.records import debug_apis
+from speedrun.records.result_file import read_bounded, write_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_CACHE_BYTES = 1 << 20  # the cache is a file from elsewhere too: a few KiB in use, read no further than this
 SECONDS_PER_KERNEL = 0.5  # timed repetitions of each microbenchmark run for about this long
 
-# Dense tensor-core (fp16/bf16) and non-tensor fp32 peaks in TFLOP/s, from NVIDIA's datasheets: A100 (Ampere
-# datasheet, 2021: 19.5 fp32, 312 fp16/bf16), H100 SXM5 and PCIe (H100 datasheet, 2023: 67 / 51 fp32, 989 / 756
-# fp16/bf16), H200 SXM (H200 datasheet, 2024: 67 fp32, 989 fp16/bf16), V100 SXM2 (V100 datasheet, 2020: 15.7 fp32,
-# 125 fp16, no bf16). fp32 matmuls may run in TF32 where a program allows it (A100: 156, H100 SXM: 495).
+# Dense peaks in TFLOP/s (no sparsity), from NVIDIA's datasheets: A100 SXM/PCIe (Ampere datasheet, 2021: 19.5
+# fp32, 156 tf32, 312 fp16/bf16), H100 SXM5 (H100 datasheet, 2023: 67 fp32, 494.7 tf32, 989.4 fp16/bf16), H100 PCIe
+# (same: 51, 378, 756), H200 SXM (H200 datasheet, 2024: 67, 494.7, 989.4), V100 SXM2 (V100 datasheet, 2020: 15.7
+# fp32, 125 fp16, no tf32 or bf16). Each pattern is anchored so that a variant the table lacks (H100 NVL, GH200,
+# H200 NVL, A100X) matches none: an unknown device gets no datasheet figure, never another device's.
 DATASHEETS = [
-    (r"A100", "NVIDIA A100 datasheet (2021)", {"fp32": 19.5, "bf16": 312.0, "fp16": 312.0}),
-    (r"H100.*PCIe", "NVIDIA H100 datasheet (2023), PCIe", {"fp32": 51.0, "bf16": 756.0, "fp16": 756.0}),
-    (r"H100", "NVIDIA H100 datasheet (2023), SXM5", {"fp32": 67.0, "bf16": 989.4, "fp16": 989.4}),
-    (r"H200", "NVIDIA H200 datasheet (2024), SXM", {"fp32": 67.0, "bf16": 989.4, "fp16": 989.4}),
-    (r"V100", "NVIDIA V100 datasheet (2020), SXM2", {"fp32": 15.7, "fp16": 125.0}),
+    (r"^NVIDIA A100[- ](SXM4|PCIE)", "NVIDIA A100 datasheet (2021)",
+     {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (r"^NVIDIA H100 (80GB HBM3|SXM5?)", "NVIDIA H100 datasheet (2023), SXM5",
+     {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (r"^NVIDIA H100 PCIe$", "NVIDIA H100 datasheet (2023), PCIe",
+     {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (r"^NVIDIA H200$", "NVIDIA H200 datasheet (2024), SXM",
+     {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (r"^Tesla V100-SXM2", "NVIDIA V100 datasheet (2020), SXM2", {"fp32": 15.7, "fp16": 125.0}),
 ]
+# A measured rate outside this range (FLOP/s) is not a measurement of any device: a damaged cache.
+PLAUSIBLE_FLOPS = (1e6, 1e17)
 
 
-def datasheet(device_name: str | None, dtype: str) -> tuple[float, str] | None:
-    """(FLOP/s, source) of the datasheet's dense peak for this device and dtype, or None where the table has no
-    entry (never another device's figure)."""
+def tf32_on() -> bool:
+    """fp32 convolutions or matmuls run in TF32 here (cuDNN's default allows it for convolutions)."""
+    return bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
+
+
+def datasheet(device_name: str | None, dtype: str, tf32: bool = False) -> tuple[float, str] | None:
+    """(FLOP/s, source) of the datasheet's dense peak for this device and dtype (fp32 as TF32 where `tf32`: the
+    tensor cores' figure then bounds what fp32 work reaches), or None where the table has no entry."""
+    key = "tf32" if dtype == "fp32" and tf32 else dtype
     for pattern, source, peaks in DATASHEETS:
-        if device_name and re.search(pattern, device_name) and dtype in peaks:
-            return peaks[dtype] * 1e12, source
+        if device_name and re.search(pattern, device_name.strip()):
+            if key in peaks:
+                return peaks[key] * 1e12, source + (" (TF32)" if key == "tf32" else "")
+            return (peaks[dtype] * 1e12, source) if dtype in peaks else None
     return None
 
 
-def fingerprint(device: torch.device, device_name: str | None) -> str:
-    threads = f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+def fingerprint(device: torch.device, device_name: str | None, threads: int | None = None) -> str:
+    """The cache's key: the device, torch's version and, on a CPU, the threads (`threads`, default the current
+    count): a peak measured with 16 threads is not the peak of a run on one."""
+    threads = f", {threads or torch.get_num_threads()} threads" if device.type == "cpu" else ""
     return f"{device.type}: {device_name or 'unknown'}{threads}, torch {torch.__version__}"
 
 
@@ -130,8 +148,7 @@ def _read_cache(path: Path) -> dict:
     """The cache's entries, or {} for a missing, oversized, unreadable or malformed file (warned, then measured
     again: a cache is never trusted over a measurement)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CACHE_BYTES + 1)
+        raw = read_bounded(path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as e:
@@ -149,20 +166,30 @@ def _read_cache(path: Path) -> dict:
     return entries
 
 
+def _rate(value: object) -> bool:
+    low, high = PLAUSIBLE_FLOPS
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
 def _valid(entry: object) -> bool:
-    """A cached measurement as measure() writes it: every rate a finite positive number."""
+    """A cached measurement exactly as measure() writes it: each dtype's peak, its kernel's name and every kernel's
+    rate, each rate a plausible finite number."""
     if not isinstance(entry, dict) or not isinstance(entry.get("dtypes"), dict) or not entry["dtypes"]:
         return False
-    for value in entry["dtypes"].values():
-        rate = value.get("flops_per_s") if isinstance(value, dict) else None
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+    for name, value in entry["dtypes"].items():
+        if name not in DTYPES or not isinstance(value, dict) or not _rate(value.get("flops_per_s")):
             return False
-    return True
+        kernels = value.get("kernels")
+        if not isinstance(value.get("kernel"), str) or not isinstance(kernels, dict) or not kernels or \
+                not all(isinstance(k, str) and len(k) <= 40 and _rate(v) for k, v in kernels.items()):
+            return False
+    return isinstance(entry.get("fingerprint"), str) and isinstance(entry.get("measured_utc"), str)
 
 
-def cached(device: torch.device, device_name: str | None) -> dict | None:
-    """This device's cached measurement, or None."""
-    entry = _read_cache(cache_path()).get(fingerprint(device, device_name))
+def cached(device: torch.device, device_name: str | None, threads: int | None = None) -> dict | None:
+    """This device's cached measurement (at `threads` CPU threads; default the current count), or None."""
+    entry = _read_cache(cache_path()).get(fingerprint(device, device_name, threads))
     return entry if _valid(entry) else None
 
 
@@ -177,6 +204,10 @@ def peak(device: torch.device, device_name: str | None, *, again: bool = False,
             return found
     entry = {"fingerprint": key, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "dtypes": measure(device, log)}
+    slowed = debug_apis.active(device)
+    if slowed:  # a peak measured slowed down would flatter every later MFU: used now, never cached
+        warn(f"peak not cached: measured with {len(slowed)} debugging switch(es) on ({slowed[0][:80]})")
+        return entry
     path = cache_path()
     entries = _read_cache(path)
     entries[key] = entry
@@ -191,7 +222,7 @@ def mfu(flops_per_s: float, peaks: dict | None, dtype: str, device_name: str | N
     """Achieved FLOP/s against this device's measured peak for `dtype` (None where not measured) and the
     datasheet's (None where the table has no entry)."""
     measured = (peaks or {}).get("dtypes", {}).get(dtype)
-    sheet = datasheet(device_name, dtype)
+    sheet = datasheet(device_name, dtype, tf32=tf32_on())
     return {"dtype": dtype, "achieved_flops_per_s": flops_per_s,
             "measured_peak_flops_per_s": None if measured is None else measured["flops_per_s"],
             "measured_peak_kernel": None if measured is None else measured["kernel"],

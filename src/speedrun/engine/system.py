@@ -42,9 +42,16 @@ class System:
 
 
 def setup_system(cfg, device: torch.device) -> System:
-    """Every family's shared settings (config.SystemConfig), resolved once, in one place; the CPU's threads set."""
+    """Every family's shared settings (config.SystemConfig) resolved for a run about to train (resolve_system), and
+    the process's CPU threads set for it."""
     set_cpu_threads(device, cfg.cpu_threads)
-    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU),
+    return resolve_system(cfg, device)
+
+
+def resolve_system(cfg, device: torch.device) -> System:
+    """What cfg's device-side settings mean on `device` (precision=auto resolved, ...), changing nothing."""
+    # auto on a CPU with native bf16: bf16 where the family measured it, but not compiled (a NaN loss there)
+    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU and not cfg.compile),
                   resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int, field_types
+from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
-from speedrun.engine.system import resolve_device
+from speedrun.engine.system import resolve_device, resolve_system
 from speedrun.errors import note_kept, print_line
 from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
@@ -27,6 +28,7 @@ from speedrun.records.result_file import (claim_result_path, default_result_path
                                           write_json)
 from speedrun.records.stats import mean_diff_test, summarize
 from speedrun.run import runner
+from speedrun.tricks.precision import default_cpu_threads
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
@@ -93,6 +95,17 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) 
     return run
 
 
+def _warmup(family, cfg, data, dev, world, name: str, log) -> float:
+    """A setting's untimed warm-up run (compile, autotune), as runner.train takes it: shuffled labels may diverge
+    after compilation and autotuning happened, which the timed runs then measure (a divergence there is a run of
+    its own)."""
+    try:
+        return family.warmup(cfg, data, dev, world)
+    except Diverged as e:
+        log(f"warning: {name}: the warm-up run {e}")
+        return 0.0
+
+
 def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
           runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
@@ -127,7 +140,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                                                               image_size=image_size, log=log))
         for _, _, cfg in settings:
             family.check(cfg, data, dev, world)
-        warmups = {name: family.warmup(cfg, data, dev, world) for name, _, cfg in settings}
+        warmups = {name: _warmup(family, cfg, data, dev, world, name, log) for name, _, cfg in settings}
         try:
             for r in range(runs):
                 for name, _, cfg in settings:
@@ -159,7 +172,11 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                                        runs_requested=runs, complete=interrupt is None,
                                        interrupted=stop["interrupted"],
                                        timed_region=family.timed_region(cfg),
-                                       world=world.to_dict(), command=f"bench {name}").to_dict()
+                                       world=world.to_dict(), command=f"bench {name}",
+                                       flops=runner.count_flops(family, cfg, data),
+                                       precision=resolve_system(cfg, dev).precision,
+                                       peaks=peak.cached(dev, env["device_name"],
+                                                         cfg.cpu_threads or default_cpu_threads())).to_dict()
                          for name, _, cfg in settings]
     return report
 
@@ -176,8 +193,8 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
 
     Under torchrun every process trains (make) and rank 0 alone logs, stores and writes; the others return
     (report, None, None) and log nothing."""
-    debug_apis.guard(strict)  # before anything is opened or claimed
     world = dist.from_env()
+    debug_apis.guard(strict, dist.device_for(world, resolve_device(device)))  # before anything is opened or claimed
     # The group is joined now (bench and to_target find it joined), so that rank 0's opening of the database and
     # claiming of the report file can end every process at once when it fails (dist.main_first).
     world = dist.init(world, dist.device_for(world, resolve_device(device)))

@@ -20,6 +20,7 @@ The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import resource
@@ -37,7 +38,7 @@ from speedrun.config import check_int
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged
 from speedrun.engine.phases import PHASES, PREFIX
-from speedrun.engine.system import resolve_device, setup_system
+from speedrun.engine.system import resolve_device, resolve_system, setup_system
 from speedrun.errors import print_line
 from speedrun.records import debug_apis
 from speedrun.records.environment import environment
@@ -65,16 +66,6 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def _phase_of(event) -> str | None:
-    """The marked phase enclosing `event` (its nearest speedrun/<phase> ancestor), or None."""
-    node = event
-    while node is not None:
-        if node.name.startswith(PREFIX):
-            return node.name[len(PREFIX):]
-        node = node.cpu_parent
-    return None
-
-
 def _peak_memory(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"bytes": torch.cuda.max_memory_allocated(device), "what": "CUDA caching allocator's peak"}
@@ -83,38 +74,72 @@ def _peak_memory(device: torch.device) -> dict:
             "what": "the process's peak resident memory (the dataset included)"}
 
 
+def _on_cpu(event) -> bool:
+    """A host-side event (Kineto also copies ranges onto the GPU's timeline, under the same names)."""
+    return getattr(getattr(event, "device_type", None), "name", "CPU") == "CPU"
+
+
 def analyse(events, active: int) -> dict:
     """Per-step phase times, grouped operator self times and the top operators, from the profiler's events (the
-    active steps and the final evaluation). Times in seconds; per step = over the `active` recorded steps."""
-    phases: dict[str, float] = defaultdict(float)
+    active steps and the final evaluation). Times in seconds; per step = over the `active` recorded steps.
+
+    Phases are the host-side speedrun/<phase> ranges of the loop's thread; an operator belongs to the phase whose
+    range holds its start, whatever thread ran it (on CUDA, backward's operators run on autograd's device thread).
+    Self time is the host's (CPU) and, on CUDA, the kernels' (device) too."""
+    ranges: list[tuple[float, float, str]] = []
     step_us = []
-    groups: dict[str, float] = defaultdict(float)
-    by_phase_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in events:
+        if not _on_cpu(e):
+            continue
         if e.name.startswith("ProfilerStep"):
             step_us.append(e.time_range.elapsed_us())
         elif e.name.startswith(PREFIX):
-            phases[e.name[len(PREFIX):]] += e.time_range.elapsed_us()
-        elif not getattr(e, "is_user_annotation", False):
-            group = group_of(e.name)
-            groups[group] += e.self_cpu_time_total
-            by_phase_group[_phase_of(e) or "host"][group] += e.self_cpu_time_total
-            ops[e.name][0] += e.self_cpu_time_total
-            ops[e.name][1] += 1
+            ranges.append((e.time_range.start, e.time_range.end, e.name[len(PREFIX):]))
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+
+    def phase_at(t: float) -> str:
+        i = bisect.bisect_right(starts, t) - 1
+        while i >= 0:  # the innermost range holding t (ranges nest: evaluation holds no other mark)
+            start, end, name = ranges[i]
+            if start <= t <= end:
+                return name
+            i -= 1
+        return "host"
+
+    phases: dict[str, float] = defaultdict(float)
+    for start, end, name in ranges:
+        phases[name] += end - start
+    groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # group -> [cpu us, device us]
+    by_phase_group: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # name -> [cpu us, device us, calls]
+    for e in events:
+        if not _on_cpu(e) or getattr(e, "is_user_annotation", False) or e.name.startswith(("ProfilerStep", PREFIX)):
+            continue
+        cpu_us, device_us = e.self_cpu_time_total, float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+        group = group_of(e.name)
+        groups[group][0] += cpu_us
+        groups[group][1] += device_us
+        by_phase_group[phase_at(e.time_range.start)][group] += cpu_us + device_us
+        ops[e.name][0] += cpu_us
+        ops[e.name][1] += device_us
+        ops[e.name][2] += 1
     evaluation_s = phases.pop("evaluation", 0.0) / 1e6
     recorded_s = sum(step_us) / 1e6 - evaluation_s  # the last step's range runs on through the final evaluation
-    step_s = recorded_s / max(1, active)
+    step_s = max(0.0, recorded_s) / max(1, active)
     per_step = {name: phases.get(name, 0.0) / 1e6 / max(1, active) for name in PHASES if name != "evaluation"}
     per_step["host overhead and idle"] = max(0.0, step_s - sum(per_step.values()))
-    total_self = sum(groups.values()) or 1.0
-    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:TOP_OPERATORS]
+    on_device = any(device for _, device in groups.values())
+    top = sorted(ops.items(), key=lambda kv: -(kv[1][1] if on_device else kv[1][0]))[:TOP_OPERATORS]
     return {"step_seconds": step_s, "phases_per_step_seconds": per_step, "evaluation_seconds": evaluation_s,
-            "groups_self_seconds": {g: us / 1e6 for g, us in sorted(groups.items(), key=lambda kv: -kv[1])},
-            "groups_share": {g: us / total_self for g, us in groups.items()},
+            "self_time_on": "device" if on_device else "cpu",
+            "groups_self_seconds": {g: (device if on_device else cpu) / 1e6 for g, (cpu, device) in
+                                    sorted(groups.items(), key=lambda kv: -(kv[1][1] if on_device else kv[1][0]))},
+            "groups_cpu_seconds": {g: cpu / 1e6 for g, (cpu, _) in groups.items()},
             "phase_groups_self_seconds": {p: {g: us / 1e6 for g, us in gs.items()} for p, gs in by_phase_group.items()},
-            "top_operators": [{"name": name, "self_seconds": us / 1e6, "calls": int(calls), "group": group_of(name)}
-                              for name, (us, calls) in top]}
+            "top_operators": [{"name": name, "self_seconds": (device if on_device else cpu) / 1e6,
+                               "cpu_seconds": cpu / 1e6, "calls": int(calls), "group": group_of(name)}
+                              for name, (cpu, device, calls) in top]}
 
 
 def exact_epochs(steps: int, num_train: int, batch_size: int) -> float:
@@ -127,13 +152,14 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
             trace: str | Path | None = "auto", strict: bool = False, log=print_line) -> dict:
     """Profile `active` training steps of `recipe` (see the module); returns the report, the trace written."""
     active = check_int("steps", "--steps", active, 1, 1000)
+    seed = check_int("seed", "--seed", seed, 0, 2**62)
     rec = runner.get_recipe(recipe)
     family = rec.module()
     cfg = runner.make_config(rec, None, overrides or {})
-    debug_apis.guard(strict)  # before this command's own profiler starts
     if dist.from_env().size > 1:
         raise ValueError("profile runs in one process; run it without torchrun")
     dev = resolve_device(device)
+    debug_apis.guard(strict, dev)  # before this command's own profiler starts
     dataset = rec.default_dataset if dataset is None else dataset
     if trace is None:
         trace_path = None
@@ -144,14 +170,21 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
     try:
         data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
         total = wait + warmup + active
-        short = runner.make_config(rec, None, {**(overrides or {}),
-                                               "epochs": exact_epochs(total, data.num_train, cfg.batch_size)})
+        # The recipe's schedule compressed to `total` steps, as --epochs does (the family's with_epochs); an epochs
+        # the user set is the whole run's, for the FLOPs of the recipe's run below.
+        short = runner.make_config(rec, exact_epochs(total, data.num_train, cfg.batch_size),
+                                   {k: v for k, v in (overrides or {}).items() if k != "epochs"})
         short = dataclasses.replace(short, eval_each_epoch=False) if hasattr(short, "eval_each_epoch") else short
         for message in family.check(short, data, dev, dist.World()):
             log(f"warning: {message}")
         env = environment(dev)
+        setup_system(short, dev)  # the run's CPU threads, so that the peak it is measured against is theirs
         peaks = peak.peak(dev, env["device_name"], log=lambda line: log(f"peak: {line}"))
-        warm_s = family.warmup(short, data, dev)
+        try:
+            warm_s = family.warmup(short, data, dev)
+        except Diverged as e:  # compilation and autotuning happened before the bad step, as for train's warm-up
+            log(f"warning: the warm-up run {e}")
+            warm_s = 0.0
         if warm_s:
             log(f"untimed warm-up run (compile, autotune): {warm_s:.1f} s")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -175,7 +208,7 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
         if trace_path is not None:
             release_result_path(Path(trace_path))
         raise
-    precision = setup_system(short, dev).precision
+    precision = resolve_system(short, dev).precision
     step_flops = family.flops(short, data)
     whole = family.flops(cfg, data)
     achieved = step_flops.train_step / found["step_seconds"] if found["step_seconds"] > 0 else 0.0

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from speedrun import dist
+from speedrun.config import check_int
 from speedrun.engine.loop import Diverged
-from speedrun.engine.system import resolve_device, setup_system
+from speedrun.engine.system import resolve_device, resolve_system
 from speedrun.errors import print_line
 from speedrun.instruments.bench import bench
 from speedrun.run import runner
-from speedrun.tricks.precision import native_bf16_cpu
+from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
 
 # (key, what the guide calls it); the order of the table before ranking
 GUIDE = {"precision": "mixed precision (autocast)", "channels_last": "channels_last memory format",
@@ -53,7 +54,7 @@ def _precisions(device: torch.device) -> list[str]:
 def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     """(name, overrides) of each setting to try against `cfg` on `device`: every value of the guide's keys that
     applies here and differs from what `cfg` resolves to."""
-    system = setup_system(cfg, device)
+    system = resolve_system(cfg, device)
     fields = {f.name for f in dataclasses.fields(cfg)}
     out: list[tuple[str, dict[str, Any]]] = []
 
@@ -74,13 +75,16 @@ def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     if device.type == "cuda":
         add({"cudnn_benchmark": not cfg.cudnn_benchmark})
     if device.type == "cpu":
-        current = torch.get_num_threads()
+        current = cfg.cpu_threads or default_cpu_threads()
         for threads in sorted({1, max(1, (os.cpu_count() or 1) // 2), os.cpu_count() or 1} - {current}):
             add({"cpu_threads": threads})
     for factor in (0.5, 2):
         add({"batch_size": max(1, int(cfg.batch_size * factor))})
+    # "auto" is torch's own choice: the for-loop on a CPU, foreach on CUDA (torch.optim's docs, "Algorithms")
+    kernel_now = cfg.optimizer_kernel if cfg.optimizer_kernel != "auto" else (
+        "foreach" if device.type == "cuda" else "for-loop")
     for kernel in ("foreach", "fused", "for-loop"):
-        if kernel != cfg.optimizer_kernel:
+        if kernel != kernel_now:
             add({"optimizer_kernel": kernel})
     for factor in (0.5, 2):
         add({"eval_batch_size": max(1, int(cfg.eval_batch_size * factor))})
@@ -97,12 +101,14 @@ def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _smoke_each(family, cfg_for, names, data, dev, log) -> dict[str, str]:
-    """{name: why it cannot run} for each setting whose smoke run (a few steps) fails here."""
+def _smoke_each(family, make_cfg, names, data, dev, log) -> dict[str, str]:
+    """{name: why it cannot run} for each setting whose config is refused (a doubled batch past the family's
+    limit, say) or whose smoke run (a few steps) fails here."""
     failed = {}
     for name in names:
-        cfg, small = family.smoke(cfg_for(name), data)
+        log(f"does {name} run here? (a few steps)")
         try:
+            cfg, small = family.smoke(make_cfg(name), data)
             family.check(cfg, small, dev, dist.World())
             family.train_run(cfg, small, dev, 0)
         except Diverged:
@@ -114,13 +120,19 @@ def _smoke_each(family, cfg_for, names, data, dev, log) -> dict[str, str]:
 
 
 def _verdict(setting: dict, changes_numbers: bool) -> tuple[bool, str]:
+    """(recommended, why): faster over its whole interval, no run diverged, and where the setting changes the
+    numbers an accuracy difference that was measured and is not significantly negative."""
     v = setting.get("versus_baseline") or {}
     secs, acc = v.get("train_seconds"), v.get("accuracy")
+    if setting.get("diverged"):
+        return False, f"{setting['diverged']} run(s) diverged"
     if secs is None:
         return False, "n/a (needs 2+ runs a side)"
     low, high = secs["ratio_ci95"]
     if high < 1:
-        if changes_numbers and acc is not None and acc["ci95"][1] < 0:
+        if changes_numbers and acc is None:
+            return False, "faster; its accuracy could not be compared"
+        if changes_numbers and acc["ci95"][1] < 0:
             return False, "faster, but accuracy falls"
         return True, "faster"
     if low > 1:
@@ -135,6 +147,8 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
     bench report's fields plus "tune": the rows ranked by measured gain and the recommended settings."""
     rec = runner.get_recipe(recipe)
     family = rec.module()
+    check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)  # before the smoke runs, not after
+    check_int("seed", "--seed", seed, 0, 2**62)
     cfg = runner.make_config(rec, epochs, overrides or {})
     dev = resolve_device(device)
     found = candidates(cfg, dev)
@@ -152,6 +166,8 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
     failed = _smoke_each(family, lambda name: runner.make_config(rec, epochs, {**(overrides or {}), **changes[name]}),
                          list(changes), data, dev, log)
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
+    if len(steps) == 1:
+        raise ValueError("no setting to try runs here: " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
     report = bench(rec.name, steps=steps, dataset=dataset, device=device, runs=runs, seed=seed, epochs=epochs,
                    data_dir=data_dir, overrides=overrides, log=log)
     report["benchmark"] = "tune"
@@ -170,11 +186,11 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
     for r in rows:  # fastest first: the first recommended value of a key wins
         if r["recommended"] and not any(k in recommended for k in r["overrides"]):
             recommended.update(r["overrides"])
-    current = setup_system(cfg, dev)
+    current = resolve_system(cfg, dev)
     report["tune"] = {"rows": rows, "recommended": recommended,
                       "cannot_run": [{"setting": n, "why": why} for n, why in failed.items()],
                       "current": {"precision": current.precision, "channels_last": current.channels_last,
                                   "compile": cfg.compile, "batch_size": cfg.batch_size,
                                   "optimizer_kernel": cfg.optimizer_kernel,
-                                  "cpu_threads": torch.get_num_threads() if dev.type == "cpu" else None}}
+                                  "cpu_threads": cfg.cpu_threads or default_cpu_threads()}}
     return report

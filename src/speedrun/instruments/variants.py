@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from speedrun.engine.system import setup_system
+from speedrun.engine.system import resolve_system
 
 Trick = tuple[str, object, str]  # (config key, its "off" value, what it is): a family's TRICKS entry
 
 
 def effective(key: str, value, device, base):
     """What a switch's value means on `device` in `base`'s family: the shared "auto" settings resolved as the run
-    resolves them (engine.setup_system: precision=auto is fp32 on a CPU; channels_last=auto is off on a CPU for
-    a family that says so)."""
+    resolves them (engine.resolve_system: precision=auto is bf16 on a CPU with native bf16 for a family that has
+    measured it, else fp32 on a CPU; channels_last=auto is off on a CPU for a family that says so)."""
     if key in ("precision", "channels_last"):
-        system = setup_system(dataclasses.replace(base, **{key: value}), device)
+        system = resolve_system(dataclasses.replace(base, **{key: value}), device)
         return system.dtype if key == "precision" else system.channels_last
     return value
 

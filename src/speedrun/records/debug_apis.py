@@ -20,16 +20,19 @@ import torch
 
 from speedrun.errors import warn
 
-# Environment variables that select a slower path when set to anything but "", "0" (the CUDA and PyTorch docs).
+# Environment variables that select a slower path, each with the values that turn it on as the library reading it
+# parses them: inductor's config reads TORCH_COMPILE_DEBUG == "1"; the CUDA runtime's CUDA_LAUNCH_BLOCKING and
+# c10's PYTORCH_NO_CUDA_MEMORY_CACHING take "1" (c10 also "true"). The CUDA ones slow only a run on CUDA.
 _ENV_SWITCHES = {
-    "CUDA_LAUNCH_BLOCKING": "every CUDA kernel launch waits for the kernel to finish",
-    "PYTORCH_NO_CUDA_MEMORY_CACHING": "every CUDA allocation goes to cudaMalloc, not PyTorch's caching allocator",
-    "TORCH_COMPILE_DEBUG": "torch.compile writes every graph and its generated code to disk",
+    "CUDA_LAUNCH_BLOCKING": (("1",), True, "every CUDA kernel launch waits for the kernel to finish"),
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": (("1", "true"), True,
+                                       "every CUDA allocation goes to cudaMalloc, not PyTorch's caching allocator"),
+    "TORCH_COMPILE_DEBUG": (("1",), False, "torch.compile writes every graph and its generated code to disk"),
 }
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip() not in ("", "0")
+def _env_on(name: str, values: tuple[str, ...]) -> bool:
+    return os.environ.get(name, "").strip().lower() in values
 
 
 def _profiler_on() -> bool:
@@ -41,13 +44,16 @@ def _profiler_on() -> bool:
 
 
 def _sync_debug_on() -> bool:
-    if not torch.cuda.is_available():  # the call needs CUDA; without it there is no mode to be in
+    # Asking for the mode initializes CUDA; setting it did so already, so an uninitialized CUDA has no mode on.
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return False
     return torch.cuda.get_sync_debug_mode() != 0
 
 
-def active() -> list[str]:
-    """One line per debugging switch that is on now: what it is, and how to turn it off."""
+def active(device: torch.device | str | None = None) -> list[str]:
+    """One line per debugging switch that is on now and slows a run on `device` (None: any device this machine
+    has): what it is, and how to turn it off."""
+    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     found = []
     if torch.is_anomaly_enabled():
         found.append("autograd anomaly detection is on (torch.autograd.set_detect_anomaly(True)): every backward op "
@@ -58,14 +64,14 @@ def active() -> list[str]:
     if torch.are_deterministic_algorithms_enabled():
         found.append("deterministic algorithms are on (torch.use_deterministic_algorithms(True)), which the recipe "
                      "did not ask for: the fastest kernels are refused; turn them off")
-    if torch.backends.cudnn.is_available() and torch.backends.cudnn.deterministic:
+    if cuda and torch.backends.cudnn.is_available() and torch.backends.cudnn.deterministic:
         found.append("torch.backends.cudnn.deterministic is True: cuDNN's fastest convolutions are refused; set it "
                      "False")
-    if _sync_debug_on():
+    if cuda and _sync_debug_on():
         found.append("CUDA sync-debug mode is on (torch.cuda.set_sync_debug_mode): every call is checked for a "
                      "synchronization; set it to 0")
-    for name, what in _ENV_SWITCHES.items():
-        if _env_on(name):
+    for name, (values, cuda_only, what) in _ENV_SWITCHES.items():
+        if _env_on(name, values) and (cuda or not cuda_only):
             found.append(f"{name}={os.environ[name].strip()[:20]!r} in the environment: {what}; unset it")
     if sys.gettrace() is not None:
         found.append("a Python tracer is attached (a debugger or coverage: sys.gettrace()): Python code runs a "
@@ -76,10 +82,10 @@ def active() -> list[str]:
     return found
 
 
-def guard(strict: bool) -> list[str]:
-    """The debugging switches on now: each warned once, in one line, and returned (for the result); strict:
-    refused instead (ValueError, one line naming them all and `--strict`)."""
-    found = active()
+def guard(strict: bool, device: torch.device | str | None = None) -> list[str]:
+    """The debugging switches on now that slow a run on `device` (None: any device here): each warned once, in one
+    line, and returned (for the result); strict: refused instead (ValueError, one line naming them all)."""
+    found = active(device)
     if found and strict:
         raise ValueError(f"--strict: {len(found)} debugging switch(es) would slow this run: "
                          + "; ".join(found) + " (or run without --strict to train anyway, with a warning)")

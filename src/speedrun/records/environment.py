@@ -99,7 +99,7 @@ def environment(device: torch.device | str) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "speedrun_version": _speedrun_version(),
-        "debug_apis": debug_apis.active(),  # what slowed this run without saying so (records/debug_apis.py)
+        "debug_apis": debug_apis.active(device),  # what slowed this run without saying so (records/debug_apis.py)
         "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -185,6 +185,19 @@ def release_result_path(path: Path) -> None:
         pass
 
 
+def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """At most max_bytes + 1 bytes of the regular file at `path` (a caller refuses the file when it gets more):
+    opened without blocking, so a FIFO named like the file is an OSError, not a hang, and a device is refused."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file", os.fspath(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+
+
 # The largest result file read back (load_result): 10,000 runs with their per-epoch histories are a few MB.
 MAX_RESULT_BYTES = 64 * 2**20
 

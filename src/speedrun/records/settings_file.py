@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
-from speedrun.records.result_file import write_json
+from speedrun.errors import warn
+from speedrun.records.result_file import read_bounded, write_json
 
 VERSION = 1
+ENVIRONMENT = "$SPEEDRUN_SETTINGS"
 MAX_SETTINGS_BYTES = 64 * 1024
 MAX_VALUE_CHARS = 200
 
@@ -29,23 +30,12 @@ def write_settings(path: Path, *, recipe: str, device: str, device_name: str | N
                              "device_name": device_name, "settings": settings, "measured": measured})
 
 
-def _read_bounded(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(0, "not a regular file", str(path))
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(MAX_SETTINGS_BYTES + 1)
-    finally:
-        os.close(fd)
-
-
 def read_settings(path: str | os.PathLike) -> dict:
     """The settings file at `path`, checked (ValueError, one line naming the file and the fix)."""
     path = Path(path)
     fix = "write it with speedrun tune RECIPE --apply FILE"
     try:
-        raw = _read_bounded(path)
+        raw = read_bounded(path, MAX_SETTINGS_BYTES)
     except OSError as e:
         raise ValueError(f"settings file {path}: {e.strerror or e}; {fix}") from None
     if len(raw) > MAX_SETTINGS_BYTES:
@@ -65,15 +55,29 @@ def read_settings(path: str | os.PathLike) -> dict:
     return obj
 
 
-def overrides_from(path: str | os.PathLike, recipe: str, device: str) -> tuple[dict[str, str], dict]:
+def overrides_from(path: str | os.PathLike, recipe: str, device: str, device_name: str | None = None,
+                   source: str = "--settings") -> tuple[dict[str, str], dict | None]:
     """(config overrides, what the result records) from the settings file at `path` for a run of `recipe` on a
-    `device` ("cpu", "cuda", ...); a file measured for another recipe or device type is refused."""
+    `device` ("cpu", "cuda", ...) named `device_name`. `source` says where the path came from: a file given with
+    --settings that was measured for another recipe or device type is refused; one from $SPEEDRUN_SETTINGS (set
+    once for every command) is skipped with a warning. Measured on another device of the same type: a warning."""
     obj = read_settings(path)
+    mismatch = None
     if obj["recipe"] != recipe:
-        raise ValueError(f"settings file {path} was measured for {obj['recipe'][:60]!r}, not {recipe}: run speedrun "
-                         f"tune {recipe} --apply FILE for this recipe, or leave out --settings")
-    if obj["device"] != device:
-        raise ValueError(f"settings file {path} was measured on {obj['device'][:20]!r}, not {device}: run speedrun "
-                         f"tune {recipe} --apply FILE on this device, or leave out --settings")
-    return dict(obj["settings"]), {"file": os.fspath(path), "settings": obj["settings"],
-                                   "device_name": obj.get("device_name"), "measured": obj.get("measured")}
+        mismatch = f"was measured for {obj['recipe'][:60]!r}, not {recipe}"
+    elif obj["device"] != device:
+        mismatch = f"was measured on {obj['device'][:20]!r}, not {device}"
+    if mismatch is not None:
+        fix = "unset SPEEDRUN_SETTINGS" if source == ENVIRONMENT else "leave out --settings"
+        text = f"settings file {path} ({source}) {mismatch}: run speedrun tune {recipe} --apply FILE here, or {fix}"
+        if source == ENVIRONMENT:
+            warn(text + "; not applied")
+            return {}, None
+        raise ValueError(text)
+    measured_on = obj.get("device_name")
+    if isinstance(measured_on, str) and device_name and measured_on != device_name:
+        warn(f"settings file {path} was measured on {measured_on[:60]!r}; this is {device_name[:60]!r}: what paid "
+             f"there may not here (speedrun tune {recipe} measures this device)")
+    return dict(obj["settings"]), {"file": os.fspath(path), "source": source, "settings": obj["settings"],
+                                   "device_name": measured_on if isinstance(measured_on, str) else None,
+                                   "measured": obj.get("measured")}

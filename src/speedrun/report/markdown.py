@@ -32,16 +32,21 @@ def _md(cell: str) -> str:
             .replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("`", "'"))
 
 
-def _code(text: str) -> str:
+class _Code(str):
+    """A cell already written as a code span by _code: _md_table keeps it as it is. Marked by its type, never
+    guessed from its text (stored text that looks like a code span is still escaped)."""
+
+
+def _code(text: str) -> _Code:
     """A command in a code span: markup is inert there, but a marker inside would still be found as one."""
-    return "`" + text.replace("`", "'").replace("|", "\\|").replace("<!--", "<!- -").replace("-->", "- ->") + "`"
+    return _Code("`" + text.replace("`", "'").replace("|", "\\|").replace("<!--", "<!- -").replace("-->", "- ->")
+                 + "`")
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     """Cells that are code spans (from _code) are kept; the others pass through _md."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(cell if cell.startswith("`") and cell.endswith("`") else _md(cell) for cell in row) + " |"
-        for row in rows]
+        "| " + " | ".join(cell if isinstance(cell, _Code) else _md(cell) for cell in row) + " |" for row in rows]
 
 
 def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:

@@ -159,7 +159,7 @@ class Display:
             caption.append("One run has no spread: std and interval are n/a.")
         caption.append(f"Timed region: {result.timed_region}. Data loading ({result.data_seconds:.1f} s) and warm-up "
                        f"({result.warmup_seconds:.1f} s) are reported apart.")
-        mfu = result.mfu()
+        mfu = result.mfu() if callable(getattr(result, "mfu", None)) else None
         if mfu is not None:
             caption.append(f"{result.flops.run / 1e12:,.3g} TFLOP a run (convolutions and matmuls); "
                            f"{peak.mfu_text(mfu)}.")

@@ -24,7 +24,7 @@ from speedrun.engine import peak
 from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
-from speedrun.engine.system import resolve_device, setup_system
+from speedrun.engine.system import resolve_device, resolve_system, setup_system
 from speedrun.errors import SpeedrunWarning, escaped_refusals, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
@@ -63,7 +63,32 @@ def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any])
     return cfg
 
 
-def _count_flops(family, cfg, data) -> RunFlops | None:
+def _tuned(settings, recipe: Recipe, device: str) -> tuple[dict[str, str], dict | None]:
+    """The overrides of the settings file (`settings`, else $SPEEDRUN_SETTINGS; False: none, whatever the
+    environment says) for a run of `recipe` on `device`, each value checked against the recipe's config now, and
+    what the result records of it. Every refusal names the file and where it came from."""
+    source = "--settings"
+    if settings is None and os.environ.get("SPEEDRUN_SETTINGS"):
+        settings, source = os.environ["SPEEDRUN_SETTINGS"], settings_file.ENVIRONMENT
+    if settings is None or settings is False:
+        return {}, None
+    asked = resolve_device(device)
+    try:
+        tuned, used = settings_file.overrides_from(settings, recipe.name, asked.type,
+                                                   environment(asked)["device_name"], source)
+        apply_overrides(recipe.make_config(), tuned)
+    except ValueError as e:
+        where = f"settings file {os.fspath(settings)}"
+        text = str(e) if str(e).startswith(where) else f"{where}: {e}"
+        if f"({source})" not in text:
+            text = text.replace(where, f"{where} ({source})", 1)
+        if source == settings_file.ENVIRONMENT and "SPEEDRUN_SETTINGS" not in text.split(f"({source})", 1)[1]:
+            text += "; or unset SPEEDRUN_SETTINGS"
+        raise ValueError(text) from None
+    return tuned, used
+
+
+def count_flops(family, cfg, data) -> RunFlops | None:
     """The family's count of what one run computes, or None (warned) where the counter cannot follow the model:
     the count is an instrument, and a run never fails for it."""
     try:
@@ -88,7 +113,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
           summary: bool | None = None, command: str | None = None, smoke: bool = False,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
           resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
-          db: str | Path | None = None, strict: bool = False, settings: str | Path | None = None,
+          db: str | Path | None = None, strict: bool = False, settings: str | Path | bool | None = None,
           overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
@@ -106,8 +131,9 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     price_per_hour: US dollars per device-hour for the result's cost (default: records/cost.py's table by device name).
     strict: refuse to train (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
     without it each is a warning, and every result lists them (environment.debug_apis).
-    settings: a settings file written by `speedrun tune --apply` (default: $SPEEDRUN_SETTINGS, if set): its values
-    apply under the overrides, and the result records them; a file for another recipe or device type is refused.
+    settings: a settings file written by `speedrun tune --apply` (None: $SPEEDRUN_SETTINGS, if set; False: none):
+    its values apply under the overrides, and the result records them; a file for another recipe or device type
+    is refused (one from the environment is skipped with a warning).
     db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened and
     migrated before any work; a failure to store it later is a warning (the JSON file has it).
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
@@ -122,7 +148,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  checkpoint_dir=(checkpoint_dir, path_like, "a folder path (--checkpoint-dir)"),
                  resume=(resume, path_like, "a checkpoint path, 'auto' or None (--resume)"),
                  save=(save, path_like, "a file path (--save)"), db=(db, path_like, "a file path (--db)"),
-                 settings=(settings, path_like, "a settings file path (--settings)"),
+                 settings=(None if settings is False else settings, path_like,
+                           "a settings file path, None or False (--settings)"),
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
                  smoke=(smoke, (bool,), "True or False (--smoke)"),
                  strict=(strict, (bool,), "True or False (--strict)"), verbose=(verbose, (bool,), "True or False"),
@@ -135,10 +162,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     keep_checkpoints = check_int("keep_checkpoints", "--keep-checkpoints", keep_checkpoints, 1, 10**6)
     if checkpoint_every is not None:
         checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
-    if settings is None:
-        settings = os.environ.get("SPEEDRUN_SETTINGS") or None
-    tuned, settings_used = ({}, None) if settings is None else settings_file.overrides_from(
-        settings, rec.name, resolve_device(device).type)
+    tuned, settings_used = _tuned(settings, rec, device)
     cfg = make_config(rec, epochs, {**tuned, **(overrides or {}), **config_overrides})
     cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
     world = dist.from_env()
@@ -154,7 +178,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         with warnings.catch_warnings():
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
-            debug_apis.guard(strict)
+            debug_apis.guard(strict, dev)
             if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
                 database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
@@ -182,7 +206,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
                 "data": family.data_signature(data), "seed": seed,
                 # what precision=auto resolved to here: a resumed run must continue at the precision it began with
-                "device_type": dev.type, "precision_used": setup_system(cfg, dev).precision}
+                "device_type": dev.type, "precision_used": resolve_system(cfg, dev).precision}
             first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
@@ -193,13 +217,14 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             show.line(f"data: {family.describe(data)} ({data_seconds:.1f} s to load)")
             for note in family.notes(cfg, data, smoke):
                 show.line(note)
+            system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
             result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg),
                             runs=finished, environment=env, data_seconds=data_seconds, runs_requested=runs,
                             smoke_test=smoke, image_size=image_size, command=command,
                             timed_region=family.timed_region(cfg), world=world.to_dict(),
                             resumed_from=[str(found[2])] if found else [],
                             price=cost.price_for(env["device_name"], price_per_hour),
-                            flops=_count_flops(family, cfg, data), precision=setup_system(cfg, dev).precision,
+                            flops=count_flops(family, cfg, data), precision=system.precision,
                             peaks=peak.cached(dev, env["device_name"]), settings=settings_used)
             checkpoints = plan.checkpoints(meta, json_path, world)
 

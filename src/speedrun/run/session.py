@@ -106,9 +106,12 @@ class Result:
         seconds = summarize([r.train_seconds for r in self.finished]).mean
         if not seconds or seconds <= 0:
             return None
-        per_device = self.flops.run / seconds / max(1, self.world.get("processes", 1))
-        return {**peak.mfu(per_device, self.peaks, self.precision, self.environment.get("device_name")),
-                "devices": self.world.get("processes", 1)}
+        try:  # an instrument: a result is written whatever it finds
+            per_device = self.flops.run / seconds / max(1, int(self.world.get("processes", 1)))
+            return {**peak.mfu(per_device, self.peaks, self.precision, self.environment.get("device_name")),
+                    "devices": self.world.get("processes", 1)}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return None
 
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies).to_dict() if self.finished else None

@@ -13,9 +13,12 @@ cpu_threads: the CPU's intra-op threads while a run trains (torch.set_num_thread
 cudnn_benchmark: cuDNN times the candidate algorithms for each new convolution shape once and keeps the
   fastest (PyTorch performance guide); the timing happens in the untimed warm-up run.
 "auto" on CPU: fp32, channels_last, no compile; bf16 autocast instead of fp32 where the CPU has native bf16
-  instructions (AVX-512 BF16 or AMX: oneDNN runs bf16 convolutions and matmuls at about twice the fp32 rate there)
-  and the family has measured its accuracy to hold (config.SystemConfig.BF16_AUTO_ON_CPU). Without those
-  instructions oneDNN emulates bf16, slower than fp32. On Apple's MPS: fp32 and NCHW (NHWC not measured there).
+  instructions (AVX-512 BF16 or AMX: oneDNN runs bf16 convolutions and matmuls on them at several times its fp32
+  rate; `speedrun peak` measures it) and the family has measured its accuracy to hold
+  (config.SystemConfig.BF16_AUTO_ON_CPU). Without those instructions oneDNN emulates bf16, slower than fp32.
+  With compile=true on a CPU, "auto" is fp32: with bf16 autocast there, the compiled cifar10-94 step gave a NaN
+  loss by its second step (torch 2.13; `speedrun tune` reported it), fp32 compiled did not. On Apple's MPS: fp32
+  and NCHW (NHWC not measured there).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def native_bf16_cpu() -> bool:
 
 def resolve_precision(precision: str, device: torch.device, bf16_auto_on_cpu: bool = False) -> str:
     """bf16_auto_on_cpu: whether "auto" may mean bf16 on a CPU with native bf16 (a family's
-    SystemConfig.BF16_AUTO_ON_CPU)."""
+    SystemConfig.BF16_AUTO_ON_CPU, off where the run compiles: see the card above)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
@@ -76,19 +79,17 @@ def maybe_compile(model: nn.Module, enabled: bool, mode: str = "max-autotune-no-
 
 
 @functools.cache
-def _torch_default_threads() -> int:
+def default_cpu_threads() -> int:
     """torch's intra-op thread count before any run set it (its default: the physical cores, or OMP_NUM_THREADS);
     read at the first run's setup, before set_cpu_threads changes it."""
     return torch.get_num_threads()
 
 
 def set_cpu_threads(device: torch.device, threads: int) -> None:
-    """CPU intra-op threads for the run (a process-wide setting; no effect off the CPU): `threads`, or torch's
-    default for 0 (so a run after a tuned one is back at the default). PyTorch's tuning guide: on a CPU, the
-    threads that pay are the physical cores the run has to itself."""
-    if device.type != "cpu":
-        return
-    default = _torch_default_threads()
+    """CPU intra-op threads for the run (a process-wide setting; on a GPU run they serve its CPU-side work):
+    `threads`, or torch's default for 0, so a run after a tuned one is back at the default whatever its device.
+    PyTorch's tuning guide: on a CPU, the threads that pay are the physical cores the run has to itself."""
+    default = default_cpu_threads()  # read first: the first run may be the one that sets another count
     torch.set_num_threads(threads or default)
 
 

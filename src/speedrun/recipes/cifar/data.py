@@ -134,5 +134,5 @@ TRICKS: list[tuple[str, object, str]] = [
     ("tta_level", 0, "test-time augmentation (tricks/tta.py)"),
     ("channels_last", "off", "channels_last memory layout (speed)"),
     ("compile", False, "torch.compile (speed)"),
-    ("precision", "fp32", "bf16 autocast (speed; fp32 is already the CPU's)"),
+    ("precision", "fp32", "bf16 autocast (speed; on a CPU too where it has native bf16)"),
 ]
