@@ -258,3 +258,33 @@ def test_profile_runs_a_loader_fed_family(monkeypatch, tmp_path, capsys):
     assert code == 0, captured.err
     assert "time per step" in captured.out and "of the measured fp32 peak" in captured.out
     assert any(e.get("name") == "speedrun/forward" for e in json.loads(trace.read_text())["traceEvents"])
+
+
+def test_profile_errors_name_the_flag_given(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    trace.write_text("mine")
+    assert main(["profile", "--dataset", "synthetic", "--device", "cpu", "--trace", str(trace)]) == 2
+    assert "(--trace)" in capsys.readouterr().err
+    assert main(["profile", "--dataset", "synthetic:train=64,test=16", "--device", "cpu", "--steps", "1000",
+                 "--set", "batch_size=1024", "--trace", str(tmp_path / "u.json")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--steps 1000" in line and "--epochs" not in line and not (tmp_path / "u.json").exists()
+    assert main(["profile", "--dataset", "synthetic", "--device", "cpu", "--seed", "9" * 25]) == 2
+    assert "--seed" in capsys.readouterr().err
+
+
+def test_peak_measures_at_the_threads_asked_and_restores_them(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path))
+    monkeypatch.setattr(peak, "SECONDS_PER_KERNEL", 0.05)
+    before = torch.get_num_threads()
+    assert main(["peak", "--device", "cpu", "--threads", "1"]) == 0
+    assert ", 1 threads," in capsys.readouterr().out
+    assert list(json.loads(peak.cache_path().read_text())) == [peak.fingerprint(torch.device("cpu"),
+                                                                               _cpu_name(), 1)]
+    assert torch.get_num_threads() == before
+
+
+def _cpu_name():
+    from speedrun.records.environment import environment
+
+    return environment("cpu")["device_name"]

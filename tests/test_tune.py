@@ -297,3 +297,18 @@ def test_a_stored_tune_report_with_hostile_fields_renders(hostile, tmp_path):
     text = doc.read_text()
     assert text.count(end) == 1 and "<script>" not in text
     assert "<script>" not in html.page(conn)
+
+
+@pytest.mark.parametrize("family", ["cifar", "cifar_resnet"])
+def test_the_warm_up_runs_to_its_end_whatever_its_loss(family, tiny, monkeypatch):
+    """A warm-up whose loss turns NaN still runs through its final evaluation (no finite-loss guard), so the
+    evaluation's compilation is not left to the first timed run."""
+    import importlib
+
+    loop = importlib.import_module(f"speedrun.recipes.{family}.loop")
+    seen = []
+    monkeypatch.setattr(loop, "train_run", lambda cfg, *a, **k: seen.append(cfg))
+    cfg = dataclasses.replace(get_recipe("cifar10-94" if family == "cifar" else "cifar10-resnet18").make_config(),
+                              compile=True)
+    loop.warmup(cfg, tiny, CPU)
+    assert [c.check_finite_loss for c in seen] == [False] and seen[0].compile

@@ -191,6 +191,9 @@ def _add_measuring(sub) -> None:
     pk = sub.add_parser("peak", help="this device's peak FLOP/s per precision, measured (matmul and conv) and cached")
     pk.add_argument("--device", default="auto")
     pk.add_argument("--again", action="store_true", help="measure again, replacing the cached figures")
+    pk.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="CPU: measure with N intra-op threads, as a run with --set cpu_threads=N uses (default: "
+                         "torch's)")
 
 
 def _add_files_and_models(sub) -> None:

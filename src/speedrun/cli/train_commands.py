@@ -30,6 +30,7 @@ from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
 from speedrun.run.export import evaluate_saved, predict_files
+from speedrun.tricks.precision import set_cpu_threads
 
 
 def _log(line: str) -> None:
@@ -316,8 +317,14 @@ def profile_command(args, argv: list[str]) -> int:
 
 def peak_command(args) -> int:
     dev = resolve_device(args.device)
+    if args.threads is not None:
+        check_int("threads", "--threads", args.threads, 1, 1024)
     name = environment(dev)["device_name"]
-    found = peak_of(dev, name, again=args.again, log=_log)
+    set_cpu_threads(dev, args.threads or 0)  # the fingerprint and the kernels see the count a run would use
+    try:
+        found = peak_of(dev, name, again=args.again, log=_log)
+    finally:
+        set_cpu_threads(dev, 0)
     out(f"{found['fingerprint']}: measured {found['measured_utc']}")
     for dtype, m in found["dtypes"].items():
         sheet = datasheet(name, dtype)
@@ -360,7 +367,8 @@ def tune_lines(report: dict) -> list[str]:
 def tune_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
     only = None if args.only is None else [k.strip() for k in args.only.split(",") if k.strip()]
-    apply_path = claim_result_path(args.apply) if args.apply else None  # an existing file fails before any work
+    # an existing file fails before any work
+    apply_path = claim_result_path(args.apply, "--apply") if args.apply else None
     written = False
     try:
         report, path, stored = _run_and_store(args, argv, "tune", lambda log: tune(

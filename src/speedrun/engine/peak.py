@@ -236,7 +236,8 @@ def mfu_text(m: dict) -> str:
     """One line: 'MFU 23.4% of the measured bf16 peak (214.0 GFLOP/s, matmul); datasheet: none for this device'."""
     achieved = f"achieved {m['achieved_flops_per_s'] / 1e9:,.1f} GFLOP/s"
     if m["mfu_measured"] is None:
-        head = f"{achieved}; no measured {m['dtype']} peak for this device (run speedrun peak)"
+        head = (f"{achieved}; no measured {m['dtype']} peak for this device (run speedrun peak; on a CPU with "
+                "--threads as the run's cpu_threads)")
     else:
         head = (f"{achieved} = MFU {100 * m['mfu_measured']:.1f}% of the measured {m['dtype']} peak "
                 f"({m['measured_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, {m['measured_peak_kernel']})")

@@ -166,10 +166,13 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
     elif trace == "auto":  # results/<time>-profile-<recipe>-<dataset>.trace.json, claimed
         trace_path = default_result_path(f"profile-{rec.name}", dataset, extension=".trace.json")
     else:
-        trace_path = claim_result_path(trace)
+        trace_path = claim_result_path(trace, "--trace")
     try:
         data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
         total = wait + warmup + active
+        if exact_epochs(total, data.num_train, cfg.batch_size) > runner.MAX_EPOCHS:
+            raise ValueError(f"--steps {active}: {total} steps of {cfg.batch_size} are more than "
+                             f"{runner.MAX_EPOCHS:g} epochs of {data.num_train} examples; profile fewer steps")
         # The recipe's schedule compressed to `total` steps, as --epochs does (the family's with_epochs); an epochs
         # the user set is the whole run's, for the FLOPs of the recipe's run below.
         short = runner.make_config(rec, exact_epochs(total, data.num_train, cfg.batch_size),

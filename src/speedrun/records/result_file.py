@@ -145,35 +145,36 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
                          "directory or give a path (json_path / --json)") from None
 
 
-def claim_result_path(path: str | Path) -> Path:
-    """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now."""
+def claim_result_path(path: str | Path, flag: str = "json_path / --json") -> Path:
+    """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now.
+    `flag`: what the user gave the path with, for the message (`--trace`, `--apply`, ...)."""
     path = Path(path).expanduser()
     try:
         is_dir = path.is_dir()
     except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which
         is_dir = False
     if is_dir:
-        raise ValueError(f"result path {path} is a directory; give a file name (json_path / --json)")
+        raise ValueError(f"result path {path} is a directory; give a file name ({flag})")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
         raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
-                         "path (json_path / --json)") from None
+                         f"path ({flag})") from None
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
-        raise _cannot_create(path, e) from None
+        raise _cannot_create(path, e, flag) from None
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
-                         "(json_path / --json) or move the old file away") from None
+                         f"({flag}) or move the old file away") from None
     except (OSError, ValueError) as e:
-        raise _cannot_create(path, e) from None
+        raise _cannot_create(path, e, flag) from None
     return path
 
 
-def _cannot_create(path: Path, e: OSError | ValueError) -> ValueError:
+def _cannot_create(path: Path, e: OSError | ValueError, flag: str) -> ValueError:
     reason = e.strerror if isinstance(e, OSError) else str(e)
-    return ValueError(f"cannot create the result file {path} ({reason}); choose a writable path (json_path / --json)")
+    return ValueError(f"cannot create the result file {path} ({reason}); choose a writable path ({flag})")
 
 
 def release_result_path(path: Path) -> None:
