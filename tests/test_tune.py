@@ -312,3 +312,23 @@ def test_the_warm_up_runs_to_its_end_whatever_its_loss(family, tiny, monkeypatch
                               compile=True)
     loop.warmup(cfg, tiny, CPU)
     assert [c.check_finite_loss for c in seen] == [False] and seen[0].compile
+
+
+def test_a_setting_that_changes_what_auto_resolves_to_is_marked_as_changing_the_numbers(monkeypatch):
+    """compile=true on a CPU keeps precision=auto at fp32: where auto is bf16 here, that row changes the numbers
+    and its accuracy difference is shown and judged."""
+    monkeypatch.setattr(doctor, "_smoke_each", lambda *a, **k: {})
+
+    def fake_bench(recipe, *, steps, **kwargs):
+        return {"settings": [{"name": name, "n": 2, "diverged": 0, "warmup_seconds": 0.0,
+                              "versus_baseline": {"train_seconds": {"ratio": 0.5, "ratio_ci95": [0.4, 0.6], "p": 0.01},
+                                                  "accuracy": {"diff": -0.2, "ci95": [-0.3, -0.1], "p": 0.01}}}
+                             for name, _ in steps]}
+
+    monkeypatch.setattr(doctor, "bench", fake_bench)
+    report = doctor.tune("cifar10-94", dataset="synthetic:train=64,test=16", device="cpu", runs=2,
+                         only=["compile"], log=lambda line: None)
+    row = next(r for r in report["tune"]["rows"] if r["setting"] == "compile=True,compile_mode=default")
+    bf16_here = resolve_system(get_recipe("cifar10-94").make_config(), CPU).precision == "bf16"
+    assert row["changes_numbers"] == bf16_here
+    assert row["recommended"] == (not bf16_here)  # faster, but its accuracy falls where the precision changed

@@ -172,9 +172,12 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
                    data_dir=data_dir, overrides=overrides, log=log)
     report["benchmark"] = "tune"
     rows = []
+    current = resolve_system(cfg, dev)
     for s in report["settings"][1:]:
         keys = [k for k in changes[s["name"]] if k != "compile_mode"]
-        numbers = any(k in CHANGES_NUMBERS for k in keys)
+        variant = runner.make_config(rec, epochs, {**(overrides or {}), **changes[s["name"]]})
+        # a setting may change the precision "auto" resolves to (compile on a CPU keeps it at fp32)
+        numbers = any(k in CHANGES_NUMBERS for k in keys) or resolve_system(variant, dev).precision != current.precision
         good, verdict = _verdict(s, numbers)
         v = s.get("versus_baseline") or {}
         rows.append({"setting": s["name"], "guide": GUIDE.get(keys[0], keys[0]), "changes_numbers": numbers,
@@ -186,7 +189,6 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
     for r in rows:  # fastest first: the first recommended value of a key wins
         if r["recommended"] and not any(k in recommended for k in r["overrides"]):
             recommended.update(r["overrides"])
-    current = resolve_system(cfg, dev)
     report["tune"] = {"rows": rows, "recommended": recommended,
                       "cannot_run": [{"setting": n, "why": why} for n, why in failed.items()],
                       "current": {"precision": current.precision, "channels_last": current.channels_last,
