@@ -22,7 +22,7 @@ from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_li
 from speedrun.instruments.profile import profile
 from speedrun.instruments.to_target import DEFAULT_PROBES, MAX_PROBES, MIN_PROBES, to_target
 from speedrun.instruments.tune import tune
-from speedrun.instruments.variants import off_text
+from speedrun.instruments.variants import set_text
 from speedrun.records.db import default_db_path
 from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, release_result_path, write_json
@@ -197,7 +197,7 @@ def _target_lines(report: dict) -> list[str]:
         shown = "n/a" if needed is None else f"{needed:.4g}"
         lines.append(f"{v['name'][:28]:28} {shown:>13} {secs:>9} {ratio:>11} {len(v['probes']):>6}  {what}")
     for off in report["already_off"]:
-        name = f"{off['trick']}={off_text(off['off'])}"
+        name = f"{off['trick']}={set_text(off['off'])}"
         lines.append(f"{name:28} already off (recipe, --set or device): not searched")
     return lines
 
@@ -335,11 +335,6 @@ def peak_command(args) -> int:
     return 0
 
 
-def _settings_value(value) -> str:
-    """A config value as --set takes it (and a settings file holds it)."""
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
 def tune_lines(report: dict) -> list[str]:
     t = report["tune"]
     c = t["current"]
@@ -349,8 +344,7 @@ def tune_lines(report: dict) -> list[str]:
              f"{'setting':42} {'n':>3} {'time ratio (95% CI)':>26} {'p':>8} {'Δ acc points (95% CI)*':>26}  verdict"]
     for r in t["rows"]:
         time = r["time"]
-        ratio = "n/a" if time is None else f"{time['ratio']:.3f} ({time['ratio_ci95'][0]:.3f} .. " \
-                                           f"{time['ratio_ci95'][1]:.3f})"
+        ratio = "n/a" if time is None else ratio_text(time)
         p = "-" if time is None else f"{time['p']:.3g}"
         acc = r["accuracy"]
         dacc = ("(same numbers)" if not r["changes_numbers"] else "n/a" if acc is None
@@ -359,7 +353,7 @@ def tune_lines(report: dict) -> list[str]:
     lines.append("* only for settings that change the numbers, at this short budget: whether it breaks training")
     for f in t["cannot_run"]:
         lines.append(f"cannot run here: {f['setting']} ({f['why']})")
-    rec = " ".join(f"{k}={_settings_value(v)}" for k, v in t["recommended"].items()) or "none measured faster"
+    rec = " ".join(f"{k}={set_text(v)}" for k, v in t["recommended"].items()) or "none measured faster"
     lines.append(f"recommended: {rec} (each measured alone against the current configuration)")
     return lines
 
@@ -378,7 +372,7 @@ def tune_command(args, argv: list[str]) -> int:
             out(line)
         err(f"report: {path} (stored as #{stored})")
         if apply_path is not None:
-            values = {k: _settings_value(v) for k, v in report["tune"]["recommended"].items()}
+            values = {k: set_text(v) for k, v in report["tune"]["recommended"].items()}
             write_settings(apply_path, recipe=report["recipe"], device=report["device"],
                            device_name=report["environment"]["device_name"], settings=values,
                            measured={"command": report["command"], "report": str(path), "stored_as": stored,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from speedrun.engine.flops import count as count_flops
 from speedrun.engine.system import synchronize
 from speedrun.errors import warn
 from speedrun.records import debug_apis
@@ -94,12 +94,6 @@ def _time(run: Callable[[], object], device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _flops(run: Callable[[], object]) -> int:
-    with FlopCounterMode(display=False) as counter:
-        run()
-    return int(counter.get_total_flops())
-
-
 def kernels(device: torch.device, dtype: torch.dtype) -> dict[str, Callable[[], object]]:
     """The microbenchmarks: a square matmul and a 3x3 convolution, sized to the device (a CPU's are smaller)."""
     n = 2048 if device.type == "cpu" else 8192
@@ -129,7 +123,7 @@ def measure(device: torch.device, log: Callable[[str], None] = lambda line: None
         try:
             rates = {}
             for kernel, run in kernels(device, dtype).items():
-                rates[kernel] = _flops(run) / _time(run, device)
+                rates[kernel] = count_flops(run) / _time(run, device)
         except (RuntimeError, NotImplementedError) as e:  # a dtype this device or build cannot run
             log(f"{name}: not measured ({type(e).__name__}: {str(e)[:80]})")
             continue

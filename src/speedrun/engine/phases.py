@@ -13,20 +13,17 @@ from typing import TypeVar
 
 import torch
 
+from speedrun.records.debug_apis import profiler_on
+
 PREFIX = "speedrun/"
 PHASES = ("data", "forward", "backward", "optimizer", "evaluation")
 
 _T = TypeVar("_T")
 
 
-def _profiling() -> bool:
-    enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
-    return bool(enabled()) if callable(enabled) else False
-
-
 def phase(name: str) -> contextlib.AbstractContextManager:
     """A profiler range named speedrun/<name> while a profiler records; otherwise nothing."""
-    if not _profiling():
+    if not profiler_on():
         return contextlib.nullcontext()
     return torch.profiler.record_function(PREFIX + name)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from speedrun.engine.system import resolve_device
 from speedrun.instruments import bench as benching
-from speedrun.instruments.variants import off_text, split_tricks
+from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.stats import mean_diff_test
 from speedrun.run import runner
 
@@ -33,7 +33,7 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     dev = resolve_device(bench_kwargs.get("device", "auto"))
     measured, off = split_tricks(family.TRICKS, base, dev)
     already_off = [{"trick": key, "off": value, "what": what, "measured": False} for key, value, what in off]
-    report = benching.bench(recipe, vary=[(key, [off_text(value)]) for key, value, _ in measured], runs=runs,
+    report = benching.bench(recipe, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
                             **bench_kwargs)
     report["benchmark"] = "ablate"
     by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
@@ -68,7 +68,7 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
     already = [key for key in order if key in {t[0] for t in off_in_base}]
     if already:
         raise ValueError(f"{', '.join(already)} is already off in {recipe} on {dev.type}: leave it out of --waterfall")
-    text = {key: off_text(off) for key, off in offs.items()}
+    text = {key: set_text(off) for key, off in offs.items()}
     steps, off = [], {key: text[key] for key in order}
     steps.append(("plain (all off)", dict(off)))
     for key in order:

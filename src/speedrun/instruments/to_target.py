@@ -31,7 +31,7 @@ from speedrun.data.loader import steps_for
 from speedrun.engine.system import resolve_device
 from speedrun.errors import print_line
 from speedrun.instruments.bench import measured_run, stopped_by
-from speedrun.instruments.variants import off_text, split_tricks
+from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.environment import environment
 from speedrun.run import runner
 
@@ -105,7 +105,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     world = dist.from_env()
     dev = dist.device_for(world, resolve_device(device))
     measured, already_off = split_tricks(family.TRICKS, base, dev)
-    variants = [("baseline", {})] + [(f"{key}={off_text(off)}", {key: off_text(off)}) for key, off, _ in measured]
+    variants = [("baseline", {})] + [(f"{key}={set_text(off)}", {key: set_text(off)}) for key, off, _ in measured]
     configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
     dataset = rec.default_dataset if dataset is None else dataset
     world = dist.init(world, dev)  # under torchrun every probe run is one run of all K processes

@@ -24,9 +24,10 @@ def effective(key: str, value, device, base):
     return value
 
 
-def off_text(off) -> str:
-    """A TRICKS "off" value as --set and --vary take it (False -> "false")."""
-    return str(off).lower() if isinstance(off, bool) else str(off)
+def set_text(value) -> str:
+    """A config value (a TRICKS "off" value, a setting tune recommends) as --set, --vary and a settings file take
+    it (False -> "false")."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:

@@ -35,7 +35,7 @@ def _env_on(name: str, values: tuple[str, ...]) -> bool:
     return os.environ.get(name, "").strip().lower() in values
 
 
-def _profiler_on() -> bool:
+def profiler_on() -> bool:
     """torch.profiler, torch.autograd.profiler or emit_nvtx active in this process (each enables the autograd
     profiler, which records every op)."""
     autograd = getattr(torch._C, "_autograd", None)
@@ -58,7 +58,7 @@ def active(device: torch.device | str | None = None) -> list[str]:
     if torch.is_anomaly_enabled():
         found.append("autograd anomaly detection is on (torch.autograd.set_detect_anomaly(True)): every backward op "
                      "is checked and traced; turn it off")
-    if _profiler_on():
+    if profiler_on():
         found.append("a profiler is recording (torch.profiler, torch.autograd.profiler or emit_nvtx): every op is "
                      "recorded; end it before training (speedrun profile measures with one of its own)")
     if torch.are_deterministic_algorithms_enabled():

@@ -16,6 +16,7 @@ import sqlite3
 
 from speedrun.errors import printable
 from speedrun.recipes import RECIPES
+from speedrun.records import stats
 from speedrun.records.stats import interval_text
 from speedrun.report.charts import finite
 
@@ -254,7 +255,7 @@ def ratio_text(row: dict) -> str:
         return "-"
     if row["ratio_low"] is None or row["ratio_high"] is None:
         return f"{row['ratio']:.3f}"
-    return f"{row['ratio']:.3f} ({row['ratio_low']:.3f} .. {row['ratio_high']:.3f})"
+    return stats.ratio_text({"ratio": row["ratio"], "ratio_ci95": [row["ratio_low"], row["ratio_high"]]})
 
 
 def target_rows(report: dict) -> list[dict]:

@@ -24,7 +24,7 @@ from speedrun.engine import peak
 from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
-from speedrun.engine.system import resolve_device, resolve_system, setup_system
+from speedrun.engine.system import resolve_device, setup_system
 from speedrun.errors import SpeedrunWarning, escaped_refusals, warn
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
@@ -201,12 +201,13 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 cfg, data = family.smoke(cfg, data)
             for message in family.check(cfg, data, dev, world):
                 warn(message)
+            system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
             # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
             meta = None if plan.directory is None and found is None else {
                 "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
                 "data": family.data_signature(data), "seed": seed,
                 # what precision=auto resolved to here: a resumed run must continue at the precision it began with
-                "device_type": dev.type, "precision_used": resolve_system(cfg, dev).precision}
+                "device_type": dev.type, "precision_used": system.precision}
             first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
@@ -217,7 +218,6 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             show.line(f"data: {family.describe(data)} ({data_seconds:.1f} s to load)")
             for note in family.notes(cfg, data, smoke):
                 show.line(note)
-            system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
             result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg),
                             runs=finished, environment=env, data_seconds=data_seconds, runs_requested=runs,
                             smoke_test=smoke, image_size=image_size, command=command,
