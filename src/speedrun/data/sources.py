@@ -25,6 +25,7 @@ from speedrun.data.cache import cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.data.download import Remote, fetch
 from speedrun.errors import escaped_log, escaped_refusals, printable
+from speedrun.paths import data_root, user_path
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
 SOURCES: dict[str, Remote] = {**cifar.REMOTES, **idx.REMOTES}
@@ -72,13 +73,13 @@ def load_dataset(
             raise ValueError("image_size (--image-size) applies to image folders only, not to synthetic data; "
                              "leave it out and set the spec's shape=3xNxN instead")
         return _accept(synthetic.make(text), text)
-    cache_root = Path(cache_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser()
+    cache_root = data_root(cache_dir, "cache_dir")
     if lowered in SOURCES:
         if image_size is not None:
             raise ValueError(f"image_size (--image-size) applies to image folders only, not to {lowered}; leave it "
                              "out")
         return _accept(_load_named(lowered, data_dir, cache_root, download, log), lowered)
-    path = Path(text).expanduser()
+    path = user_path(text, "--dataset")
     if text and _exists(path):
         return _accept(_load_path(path, cache_root, log, image_size), str(path))
     raise ValueError(
@@ -120,7 +121,7 @@ def _exists(path: Path) -> bool:
 def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path, download: bool, log: Log) -> Dataset:
     remote = SOURCES[name]
     if data_dir is not None:
-        root = Path(data_dir).expanduser()
+        root = user_path(data_dir, "--data-dir")
         if root.is_file():  # --data-dir may name the archive itself: only CIFAR comes as one, each its own
             if remote.kind == "idx":
                 raise ValueError(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import torch
 from speedrun.engine.flops import count as count_flops
 from speedrun.engine.system import synchronize
 from speedrun.errors import warn
+from speedrun.paths import data_root
 from speedrun.records import debug_apis
 from speedrun.records.result_file import read_bounded, write_json
 
@@ -75,8 +75,7 @@ def fingerprint(device: torch.device, device_name: str | None, threads: int | No
 
 
 def cache_path() -> Path:
-    root = os.environ.get("SPEEDRUN_DATA") or os.path.join(os.path.expanduser("~"), ".cache", "speedrun")
-    return Path(root) / "peak.json"
+    return data_root() / "peak.json"
 
 
 def _time(run: Callable[[], object], device: torch.device) -> float:

@@ -13,7 +13,8 @@ import math
 import os
 import stat
 from dataclasses import dataclass
-from pathlib import Path
+
+from speedrun.paths import user_path
 
 # (substring of torch.cuda.get_device_name(), USD per GPU-hour on demand, source). First match wins, so the more
 # specific names come first.
@@ -52,7 +53,7 @@ def _table() -> list[tuple[str, float, str]]:
     if not path:
         return DEFAULT_PRICES
     try:
-        file = Path(path).expanduser()
+        file = user_path(path, "SPEEDRUN_PRICES")
         info = file.stat()
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TABLE_BYTES:  # a fifo, /dev/zero, a huge file
             raise ValueError(f"not a regular file of at most {MAX_TABLE_BYTES} bytes")

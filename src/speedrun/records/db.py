@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
+from speedrun.paths import user_path
 from speedrun.records.result_file import load_result
 
 BUSY_TIMEOUT_S = 30.0
@@ -75,7 +76,7 @@ Imported = NamedTuple("Imported", [("path", Path), ("id", "int | None"), ("error
 def default_db_path() -> Path:
     """$SPEEDRUN_DB, else $XDG_DATA_HOME/speedrun/results.db, else ~/.local/share/speedrun/results.db."""
     if os.environ.get("SPEEDRUN_DB"):
-        return Path(os.environ["SPEEDRUN_DB"]).expanduser()
+        return user_path(os.environ["SPEEDRUN_DB"], "SPEEDRUN_DB")
     data = os.environ.get("XDG_DATA_HOME", "")
     base = Path(data) if os.path.isabs(data) else Path.home() / ".local" / "share"  # XDG: ignore a relative one
     return base / "speedrun" / "results.db"
@@ -144,7 +145,7 @@ def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) ->
 
     readonly: an existing database of the current version, opened for reading only (speedrun report): nothing is
     created, migrated or switched to WAL, so a read-only file or one another user owns can be read."""
-    path = default_db_path() if path is None else Path(path).expanduser()
+    path = default_db_path() if path is None else user_path(path, "--db")
     name = str(path)
     if path.is_dir():
         raise ValueError(f"results database {name} is a directory; {_FIX}")

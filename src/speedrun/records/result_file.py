@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from speedrun.paths import user_path
+
 
 def _to_json(obj):
     """json.dump's default=: the non-JSON types results carry. Tuples need nothing: json writes them as lists."""
@@ -122,7 +124,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     """
     if root is None:
         root = os.environ.get("SPEEDRUN_RESULTS") or "results"
-    root = Path(root).expanduser()  # as SPEEDRUN_DATA: a literal "~" folder invites a later `rm -rf ~`
+    root = user_path(root, "SPEEDRUN_RESULTS")  # as SPEEDRUN_DATA: a literal "~" folder invites a later `rm -rf ~`
     dataset_name = os.path.basename(str(dataset).rstrip("/\\")) or str(dataset)
     try:
         dataset_slug = _slug(dataset_name[:64], "dataset")
@@ -148,7 +150,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
 def claim_result_path(path: str | Path, flag: str = "json_path / --json") -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now.
     `flag`: what the user gave the path with, for the message (`--trace`, `--apply`, ...)."""
-    path = Path(path).expanduser()
+    path = user_path(path, flag)
     try:
         is_dir = path.is_dir()
     except (OSError, ValueError):  # a name too long, or holding a NUL byte: os.open below says which

@@ -24,6 +24,7 @@ from speedrun.dist import unwrap
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
 from speedrun.errors import escaped_refusals, printable, warn
+from speedrun.paths import user_path
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
@@ -36,10 +37,7 @@ _FIX = "use the .safetensors and .json exactly as `speedrun train --save` wrote 
 def model_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     """(weights, card): "m", "m.safetensors" and "m.json" all mean m.safetensors + m.json ("m.v2" keeps ".v2")."""
     text = os.fsdecode(path)
-    try:
-        p = Path(text).expanduser()
-    except RuntimeError:  # "~nobody/m": no such user
-        raise ValueError(f"model path {text!r}: cannot expand its ~; give the folder in full") from None
+    p = user_path(text, "model path")
     if p.suffix in (".safetensors", ".json"):
         p = p.with_suffix("")
     if not text.strip() or text.endswith(("/", os.sep)) or "\0" in text or p.name in ("", ".", ".."):
@@ -152,7 +150,7 @@ def check_save(save, world: dist.World, json_path=None) -> Path | None:
         return None
     save_path = dist.main_first(world, lambda: check_save_path(save), everyone=False)
     save_path = save_path if world.is_main else Path(os.fspath(save))
-    if json_path not in (None, "auto") and Path(os.fspath(json_path)).expanduser().resolve() in [
+    if json_path not in (None, "auto") and user_path(json_path, "--json").resolve() in [
             p.resolve() for p in model_paths(save)]:
         raise ValueError(f"--save {os.fspath(save)} would write the result file's name "
                          f"({os.fspath(json_path)}); choose another --save or --json")

@@ -22,6 +22,7 @@ from speedrun import dist
 from speedrun.engine.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
                                         load_checkpoint, save_checkpoint)
 from speedrun.engine.loop import RunResult
+from speedrun.paths import user_path
 from speedrun.records.result_file import load_result
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
@@ -56,7 +57,7 @@ class Plan:
     def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, world: dist.World) -> Plan:
         """The flags checked together, before any work; rank 0 checks the folder it will write, and under torchrun
         its refusal ends the other processes too (dist.main_first: call this after dist.init)."""
-        directory = None if checkpoint_dir is None else Path(os.fspath(checkpoint_dir)).expanduser()
+        directory = None if checkpoint_dir is None else user_path(checkpoint_dir, "--checkpoint-dir")
         resume = None if resume is None else os.fspath(resume)
         if resume == "":
             raise ValueError("--resume is empty; give a checkpoint file or folder, or auto")
@@ -85,7 +86,7 @@ class Plan:
         """The checkpoint to resume: rank 0 chooses (the newest usable one), every process loads that file."""
         if self.resume is None:
             return None
-        where = self.directory if self.resume == "auto" else Path(self.resume).expanduser()
+        where = self.directory if self.resume == "auto" else user_path(self.resume, "--resume")
         found = dist.main_first(world, lambda: find_checkpoint(where, log), everyone=False)
         chosen = dist.broadcast_object(None if found is None else str(found[2]), world)
         if not world.is_main and chosen is not None:
@@ -134,7 +135,7 @@ class Plan:
         if found is None or not isinstance(found[1].get("result_path"), str):
             return None
         path = Path(found[1]["result_path"])
-        if asked != "auto" and Path(os.fspath(asked)).expanduser().resolve() != path.resolve():
+        if asked != "auto" and user_path(asked, "--json").resolve() != path.resolve():
             return None
         try:
             old = load_result(path) if path.is_file() and path.stat().st_size else None

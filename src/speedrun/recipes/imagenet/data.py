@@ -8,7 +8,6 @@ import dataclasses
 import hashlib
 import io
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import Shards, open_regular, write_split
 from speedrun.errors import print_line, printable, warn
+from speedrun.paths import data_root, user_path
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.records.result_file import write_text
 
@@ -99,7 +99,7 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -
         raise ValueError("the imagenet recipes need --dataset DIR: a folder written by `speedrun data prepare SRC "
                          "DIR` (README: preparing ImageNet)")
     if dataset == SYNTHETIC:
-        cache = Path(data_dir or os.environ.get("SPEEDRUN_DATA") or "~/.cache/speedrun").expanduser()
+        cache = data_root(data_dir)
         root = _synthetic_shards(cache, log)
         try:
             return _open_prepared(root, SYNTHETIC)
@@ -110,7 +110,7 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -
             warn(f"the synthetic shards in {root} are damaged ({e}); writing them again")
             _remove_synthetic(root)
             return _open_prepared(_synthetic_shards(cache, log), SYNTHETIC)
-    root = Path(dataset).expanduser()
+    root = user_path(dataset, "--dataset")
     if not root.is_dir():
         raise ValueError(f"--dataset {dataset} is not a folder; the imagenet recipes read what "
                          "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
