@@ -19,7 +19,7 @@ SRC = ROOT / "src" / "speedrun"
 sys.path.insert(0, str(ROOT / "tools"))
 import architecture  # noqa: E402  (tools/architecture.py: the measurements docs/architecture.md shows)
 
-# Imports that stay inside functions, each for a reason: heavy optional packages imported only when used
+# Imports that stay inside functions, each for a reason: heavy or optional packages imported only when used
 # (matplotlib for the report's charts, torchcodec for nvJPEG), a POSIX-only module (fcntl: Windows has none), the
 # public API's lazy names (`import speedrun` imports no torch), and the program's lazy commands (`speedrun --help`,
 # `speedrun recipes` and the file commands import no torch).

@@ -109,8 +109,11 @@ def test_without_a_baseline_only_ours_is_measured(data, capsys):
     (["--batch", "0"], "--batch must be 1 to 4096"),
     (["--baseline", "/nonexistent/originals"], "--baseline /nonexistent/originals is not a folder"),
     (["--device", "tpu"], "device (--device) must be one of"),
+    # what the batches in flight would take, checked before any is allocated (103 GB; the test says 16 GiB is free)
+    (["--batch", "4096", "--res", "1024"], "--batch 4096 at --res 1024 px with --decode-px"),
 ])
-def test_bad_flags_are_one_line_and_exit_2(data, extra, fragment, tmp_path, capsys):
+def test_bad_flags_are_one_line_and_exit_2(data, extra, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("speedrun.data.limits.available_memory_bytes", lambda: 16 * 2**30)
     shards, _ = data
     out = tmp_path / "r.json"
     assert main(["bench-loader", str(shards), *TINY, *extra, "--json", str(out)]) == 2
@@ -130,6 +133,16 @@ def test_a_dir_that_is_not_shards_is_one_line_and_exit_2(make, fragment, tmp_pat
     assert main(["bench-loader", str(target), *TINY]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1 and err.startswith("speedrun: error: ")
+
+
+def test_the_memory_estimate_grows_with_every_setting_and_counts_the_float_batch():
+    from speedrun.instruments.bench_loader import batch_bytes
+    base = batch_bytes(256, 8, 192, 256)
+    assert base >= 256 * 3 * 192 * 192 * 4  # the float32 batch on the device, at least
+    for more in (batch_bytes(512, 8, 192, 256), batch_bytes(256, 16, 192, 256), batch_bytes(256, 8, 224, 256),
+                 batch_bytes(256, 8, 192, 320)):
+        assert more > base
+    assert batch_bytes(256, 0, 192, 256) < base
 
 
 def test_the_split_is_train_or_the_only_one(tmp_path):

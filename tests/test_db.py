@@ -186,7 +186,7 @@ def test_query_filters_and_the_results_command(tmp_path, capsys):
     table = list(csv.DictReader(io.StringIO(run(csv=True))))
     assert [int(r["id"]) for r in table] == [gpu_id, *reversed(ids)] and table[0]["device_name"].startswith("NVIDIA")
     lines = run(limit=2).splitlines()
-    assert lines[0].split()[:3] == ["ID", "DATE", "RECIPE"] and len(lines) == 3
+    assert lines[0].split()[:4] == ["ID", "KIND", "DATE", "RECIPE"] and len(lines) == 3
     assert "NVIDIA H100 80GB HBM3" in lines[1] and "66.73 ± 0.74" in lines[2] and "2508d5a4+" in lines[2]
     with pytest.raises(ValueError, match="exclusive"):
         run(json=True, csv=True)

@@ -512,7 +512,8 @@ def test_recipes_into_a_closed_pipe_or_a_full_disk():
     assert "Traceback" not in closed.stderr
     full = subprocess.run([sys.executable, "-m", "speedrun", "recipes"], stdout=open("/dev/full", "w"),
                           stderr=subprocess.PIPE, text=True, timeout=60)
-    assert full.returncode == 2 and full.stderr == "speedrun: error: cannot write the list (No space left on device)\n"
+    assert full.returncode == 2 and full.stderr == ("speedrun: error: No space left on device (writing the output or a "
+                                                    "result); free disk space and run again\n")
 
 
 def test_message_details(capsys, tmp_path, monkeypatch, no_run):

@@ -200,7 +200,8 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
     argv = [command[0], *CIFAR_TINY, *command[1:], "--db", str(tmp_path / "r.db"), "--json", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == f"speedrun: error: this setting cannot train (--set x=...); 1 finished run(s) kept in {out}"
+    stored = f" and in the results database {tmp_path / 'r.db'} (#1)" if command[0] == "train" else ""
+    assert err == f"speedrun: error: this setting cannot train (--set x=...); 1 finished run(s) kept in {out}{stored}"
     kept = json.loads(out.read_text())
     assert kept["complete"] is False
     with db.connect(tmp_path / "r.db") as conn:
@@ -217,7 +218,7 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
         monkeypatch.chdir(tmp_path)
         assert main(argv[:-2]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]
-        named = Path(line.split("; 1 finished run(s) kept in ")[1])
+        named = Path(line.split("; 1 finished run(s) kept in ")[1].split(" and in the results database ")[0])
         assert json.loads(named.read_text())["complete"] is False and len(json.loads(named.read_text())["runs"]) == 1
 
 
@@ -270,14 +271,15 @@ def test_the_synthetic_cache_in_odd_states_is_named_or_written_again(tmp_path):
             load(tmp_path / cache)
     assert (tmp_path / "file" / "imagenet-synthetic-v1").read_text() == "mine"
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(ValueError, match="is not a folder; set SPEEDRUN_DATA"):
+    with pytest.raises(ValueError, match="is a file, not a folder; point --data-dir at a folder"):
         load(tmp_path / "afile")
     root = tmp_path / "ok" / "imagenet-synthetic-v1"
     assert load(tmp_path / "ok").num_train == 640
     (root / "train-index.npy").unlink()  # removed: written again
     assert load(tmp_path / "ok").num_train == 640
-    with open(root / "train-00000.tar", "r+b") as f:  # cut short: found by the index check, written again
+    with open(root / "train-00000.tar", "r+b") as f:  # cut short: found by the checksums, written again
         f.truncate(1000)
-    with pytest.warns(UserWarning, match="are damaged .* writing them again"):
-        assert load(tmp_path / "ok").num_train == 640
+    lines.clear()
+    assert load(tmp_path / "ok").num_train == 640
+    assert any(line.startswith("writing synthetic shards") for line in lines), lines
     assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == ["imagenet-synthetic-v1"]

@@ -31,16 +31,27 @@ def make_result(i: int, accuracy: float, seconds: float, **changes) -> dict:
     return result
 
 
+def with_curve(result: dict, epochs: int = 3) -> dict:
+    """`result` with each run evaluated after every epoch (eval_each_epoch): a history of `epochs` rows rising to
+    its accuracy."""
+    for run in result["runs"]:
+        last = run["history"][-1]
+        run["history"] = [{**last, "epoch": float(e), "val_acc": run["accuracy"] * (0.6 + 0.4 * e / epochs)}
+                          for e in range(1, epochs + 1)]
+    return result
+
+
 @pytest.fixture(scope="module")
 def filled_db(tmp_path_factory):
-    """A database with five ranked results, a smoke test, a bench setting, a hostile name, and a real (tiny)
-    ablation, waterfall and --to-target search."""
+    """A database with five ranked results (two with learning curves), a smoke test, a bench setting, a hostile name,
+    and a real (tiny) ablation, waterfall and --to-target search."""
     tmp = tmp_path_factory.mktemp("report")
     path = tmp / "r.db"
     conn = db.connect(path)
     target = 0.94
     for i, (acc, secs) in enumerate([(0.95, 9.0), (0.945, 3.0), (0.93, 1.0), (0.939, 2.0), (0.96, 5.0)]):
-        db.insert_result(conn, make_result(i, acc, secs))
+        result = make_result(i, acc, secs)  # the first two evaluated every epoch; the others once, at the end
+        db.insert_result(conn, with_curve(result) if i < 2 else result)
     db.insert_result(conn, make_result(5, 0.99, 0.5, smoke_test=True))
     db.insert_result(conn, make_result(6, 0.99, 0.5, command="speedrun bench x  # setting lookahead=false"))
     db.insert_result(conn, make_result(7, 0.5, 4.0, recipe=HOSTILE, command=f"speedrun train {HOSTILE}</code>"))
@@ -74,9 +85,10 @@ def test_leaderboards_are_per_family_and_hold_complete_results_only(tmp_path):
     db.insert_result(conn, make_result(0, 0.95, 3.0, dataset="synthetic"))
     db.insert_result(conn, make_result(1, 0.97, 1.0, dataset="synthetic", recipe="imagenet-debug"))
     db.insert_result(conn, make_result(2, 0.99, 0.5, dataset="synthetic", complete=False, interrupted=True))
-    boards = report.leaderboards(conn)
-    assert [(b["dataset"], b["family"], [r["recipe"] for r in b["rows"]]) for b in boards] == [
-        ("synthetic", "cifar", ["cifar10-94"]), ("synthetic", "imagenet", ["imagenet-debug"])]
+    assert report.leaderboards(conn) == []  # synthetic data measures speed only: no accuracy leaderboard
+    boards = report.leaderboards(conn, synthetic=True)
+    assert [(b["dataset"], b["family"], b["target"], [r["recipe"] for r in b["rows"]]) for b in boards] == [
+        ("synthetic", "cifar", None, ["cifar10-94"]), ("synthetic", "imagenet", None, ["imagenet-debug"])]
     assert [report.board_name(b) for b in boards] == ["synthetic (cifar family)", "synthetic (imagenet family)"]
 
 
@@ -90,7 +102,7 @@ def test_the_page_is_self_contained_escaped_and_holds_every_chart(filled_db, tmp
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)  # nothing from the network
     assert "http://" not in text and "https://" not in text
     kinds = [part.split('"', 1)[0] for part in text.split('data-chart="')[1:]]
-    assert {"accuracy-vs-time", "learning-curves", "ablation", "waterfall", "to-target"} <= set(kinds)
+    assert {"accuracy-vs-time", "learning-curves", "ablation", "waterfall", "to-target", "settings"} <= set(kinds)
     for section in ("leaderboard", "accuracy-time", "curves", "ablation", "reports"):
         assert f'id="{section}"' in text
     # --out replaces an earlier report, never another file
@@ -121,7 +133,8 @@ def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_
     assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
     seen = docs_report.screenshot(out, shot, _chromium())
     charts = seen["charts"]
-    assert {c["kind"] for c in charts} >= {"accuracy-vs-time", "learning-curves", "ablation", "waterfall", "to-target"}
+    assert {c["kind"] for c in charts} >= {"accuracy-vs-time", "learning-curves", "ablation", "waterfall", "to-target",
+                                           "settings"}
     assert all(c["done"] and c["w"] > 300 and c["h"] > 100 and c["shown"] > 300 for c in charts), charts
     assert seen["leaderboard_rows"] >= 5
     assert seen["requests"] and all(url.startswith(("file:", "data:")) for url in seen["requests"])
@@ -161,7 +174,7 @@ def test_a_stored_name_does_not_become_a_link_or_end_its_cell(tmp_path):
     readme.write_text("<!-- records:begin -->\n<!-- records:end -->\n")
     assert main(["report", "--db", str(path), "--readme", str(readme)]) == 0
     row = next(line for line in readme.read_text().splitlines() if "click" in line)
-    assert row.startswith("| \\[click\\](https://example.com)\\\\\\| x | ")
+    assert row.startswith("| \\[click\\](https\\://example.com)\\\\\\| x | ")  # no link, nor a bare URL
 
 
 def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
@@ -180,4 +193,4 @@ def test_errors_are_one_line(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "m.html")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'speedrun[report]'" in err
+    assert err.count("\n") == 1 and "pip install matplotlib" in err and "speedrun[report]" not in err

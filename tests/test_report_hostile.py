@@ -1,7 +1,6 @@
 """`speedrun report` against databases and files from elsewhere (a red-team round's findings, each a class):
 anything stored draws a bounded page or gives one line; a refused file, and the user's Markdown, stay as they came."""
 
-import json
 import os
 import shutil
 import sqlite3

@@ -149,6 +149,13 @@ def test_git_state_reads_commit_and_dirty_flag(tmp_path):
     git("commit", "-q", "-m", "init", "--no-verify")
     head = git("rev-parse", "HEAD").stdout.strip()
     assert environment_mod.git_state(tmp_path) == (head, False)
-    (tmp_path / "f.py").write_text("x = 2\n")
+    # what following the README writes into the checkout (a report, a saved model, a result) is untracked: clean
+    (tmp_path / "speedrun-report.html").write_text("<html>")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "x.safetensors").write_bytes(b"\0")
+    assert environment_mod.git_state(tmp_path) == (head, False)
+    (tmp_path / "f.py").write_text("x = 2\n")  # a tracked file changed
+    assert environment_mod.git_state(tmp_path) == (head, True)
+    git("add", "f.py")  # staged counts too
     assert environment_mod.git_state(tmp_path) == (head, True)
     assert environment_mod.git_state(tmp_path / "venv" / "lib" / "site-packages" / "speedrun") == (None, None)

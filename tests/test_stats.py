@@ -183,27 +183,28 @@ def test_diff_ci_is_dual_to_welch_test():
     assert diff_ci95([1.0, 1.0], [0.5, 0.5]) == (0.5, 0.5, 0.5)
 
 
-def test_ratio_ci_reduces_to_t_interval_for_exact_baseline():
+def test_ratio_ci_reduces_to_log_t_interval_for_exact_baseline():
     a = [9.8, 10.1, 10.4, 9.9, 10.3]
     r, lo, hi = ratio_ci95(a, [4.0, 4.0, 4.0])
     s = summarize(a)
+    half = scipy.stats.t.ppf(0.975, len(a) - 1) * s.std / (math.sqrt(len(a)) * s.mean)  # the log scale's
     assert r == pytest.approx(s.mean / 4.0)
-    assert (lo, hi) == pytest.approx((s.ci95_low / 4.0, s.ci95_high / 4.0), rel=1e-12)
+    assert (lo, hi) == pytest.approx((r * math.exp(-half), r * math.exp(half)), rel=1e-12)
     assert ratio_ci95([2 * x for x in A2], A2)[0] == pytest.approx(2.0)
     assert ratio_ci95([3.0, 3.0], [1.5, 1.5]) == (2.0, 2.0, 2.0)
     with pytest.raises(ValueError, match="mean\\(b\\) is 0"):
         ratio_ci95(a, [-1.0, 1.0])
 
 
-def test_ratio_ci_delta_method_by_hand():
+def test_ratio_ci_log_delta_method_by_hand():
     a, b = PAIRS[1]
     ma, mb = np.mean(a), np.mean(b)
-    term_a, term_b = np.var(a, ddof=1) / (len(a) * mb**2), ma**2 * np.var(b, ddof=1) / (len(b) * mb**4)
+    term_a, term_b = np.var(a, ddof=1) / (len(a) * ma**2), np.var(b, ddof=1) / (len(b) * mb**2)
     df = (term_a + term_b) ** 2 / (term_a**2 / (len(a) - 1) + term_b**2 / (len(b) - 1))
-    expected = scipy.stats.t.interval(0.95, df, loc=ma / mb, scale=math.sqrt(term_a + term_b))
+    log_low, log_high = scipy.stats.t.interval(0.95, df, loc=math.log(ma / mb), scale=math.sqrt(term_a + term_b))
     r, lo, hi = ratio_ci95(a, b)
     assert r == pytest.approx(ma / mb, **TOL)
-    assert (lo, hi) == pytest.approx(expected, **TOL)
+    assert (lo, hi) == pytest.approx((math.exp(log_low), math.exp(log_high)), **TOL)
 
 
 def test_ratio_ci_coverage_by_simulation():

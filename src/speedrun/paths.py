@@ -1,13 +1,19 @@
-"""Paths the user gives (flags, environment variables, the Python API's arguments), expanded in one place.
+"""Paths: the ones the user gives (flags, environment variables, the Python API's arguments), expanded in one
+place, and the folders speedrun creates.
 
 `~user/...` names a home folder; Python's expansion raises RuntimeError when no such user exists, which would
 reach the user as an internal error. Every user-given path goes through `user_path`, which turns that into a
 one-line refusal naming where the path came from.
+
+Folders speedrun creates (the data root's downloads/ and cache/, imagenet-debug's shards, a prepare DST): when one
+cannot be created because a file stands where it or one of its parents should be, the message says that, not the
+system's "File exists" or "Not a directory" with advice about permissions that is not the problem.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
@@ -37,7 +43,41 @@ def data_root(given: str | os.PathLike | None = None, what: str = "--data-dir") 
         except RuntimeError:
             raise ValueError("this account has no home folder for the default data folder ~/.cache/speedrun; "
                              "set SPEEDRUN_DATA to a folder") from None
+    # The root itself only: a data root below a file still serves what needs no cache (a folder dataset loads,
+    # with a warning naming the file, where its cache would be written).
     if os.path.lexists(root) and not root.is_dir():
         raise ValueError(f"{what} {os.fspath(root)} is a file, not a folder; point {what} at a folder "
                          "(it holds downloads and caches)")
     return root
+
+
+def in_the_way(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be (or be made) a folder: "PATH is a file, not a folder" for the outermost of it and its
+    parents that exists and is not a folder (a file, a link to one, a broken link, a FIFO ...); None when nothing
+    is in the way."""
+    path = Path(os.path.abspath(path))
+    for p in [*reversed(path.parents), path]:
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            if os.path.islink(p):
+                return f"{p} is a broken link, not a folder"
+            return None  # the rest is missing: mkdir makes it
+        except OSError:  # ELOOP, EACCES ...: not "in the way"; the caller reports its own error
+            return None
+        if stat.S_ISREG(st.st_mode):
+            return f"{p} is a file, not a folder"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{p} is not a folder (a device, FIFO or socket)"
+    return None
+
+
+def make_folder(path: str | os.PathLike, what: str, fix: str) -> None:
+    """Create the folder `path` (`what`, for the message) and its parents. Raises ValueError when it cannot: a
+    file in the way is named as such (in_the_way), any other failure gives the system's reason; both end with
+    `fix`."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = in_the_way(path) or f"{e.strerror or e}"
+        raise ValueError(f"cannot create {what} {os.fspath(path)} ({why}); {fix}") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import shlex
 import sys
 
@@ -14,6 +15,7 @@ from speedrun.cli.output import err, out
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.errors import printable
 from speedrun.instruments.compare import METRICS, compare_stored
+from speedrun.paths import user_path
 from speedrun.records import db
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.report.publish import publish
@@ -23,15 +25,27 @@ def _num(value, scale=1.0, std=None, digits=2) -> str:
     return "-" if value is None else f"{scale * value:.{digits}f}" + (f" ± {scale * std:.2f}" if std else "")
 
 
+def _hits(hit_rate, n) -> str:
+    """"2/3": the finished runs that reached the target, of n (hit_rate is that share), as the report shows them;
+    the stored share itself where it is no share of n (a database from elsewhere may hold anything)."""
+    if hit_rate is None:
+        return "-"
+    if isinstance(n, int) and 0 < n < 2**53 and isinstance(hit_rate, (int, float)) and 0 <= hit_rate <= 1:
+        return f"{round(hit_rate * n)}/{n}"
+    return _num(hit_rate) if isinstance(hit_rate, (int, float)) and math.isfinite(hit_rate) else str(hit_rate)
+
+
 def _table(rows: list[dict]) -> list[str]:
-    table = [["ID", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HIT", "COST $", "COMMIT"]]
+    table = [["ID", "KIND", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HITS", "COST $",
+              "COMMIT"]]
     for r in rows:
         commit = "-" if r["git_commit"] is None else r["git_commit"][:8] + ("+" if r["git_dirty"] else "")
         # each cell escaped before the widths are measured: a newline in a stored name must not break the row
         table.append([printable(cell) for cell in (
-            str(r["id"]), r["date"][:16].replace("T", " "), r["recipe"], r["dataset"], r["device_name"] or r["device"],
-            str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]), _num(r["mean_seconds"], 1, r["std_seconds"]),
-            _num(r["hit_rate"]), _num(r["cost"], digits=4), commit)])
+            str(r["id"]), r["kind"], r["date"][:16].replace("T", " "), r["recipe"], r["dataset"],
+            r["device_name"] or r["device"], str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]),
+            _num(r["mean_seconds"], 1, r["std_seconds"]), _hits(r["hit_rate"], r["n"]), _num(r["cost"], digits=4),
+            commit)])
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
 
@@ -40,13 +54,16 @@ def results_command(args) -> int:
     """`speedrun results`: args has recipe, dataset, device, since, until, command_text, limit, json, csv, db."""
     if args.json and args.csv:
         raise ValueError("--json and --csv are exclusive; choose one")
-    with contextlib.closing(db.connect(args.db)) as conn:
+    with contextlib.closing(db.connect_to_read(args.db)[0]) as conn:  # a read-only database is read too
         rows = db.query(conn, recipe=args.recipe, dataset=args.dataset, device=args.device, since=args.since,
                         until=args.until, command=args.command_text, limit=args.limit)
     if args.json:
         print(json.dumps(rows, indent=2))
     elif args.csv:
-        csv.writer(sys.stdout, lineterminator="\n").writerows([db.COLUMNS] + [list(r.values()) for r in rows])
+        # Text cells escaped as the table's are (a stored name's ESC or newline must not reach a terminal raw);
+        # --json escapes control characters itself.
+        csv.writer(sys.stdout, lineterminator="\n").writerows(
+            [db.COLUMNS] + [[printable(v) if isinstance(v, str) else v for v in r.values()] for r in rows])
     elif rows:
         for line in _table(rows):
             out(line)
@@ -87,6 +104,8 @@ def _compare_lines(report: dict) -> list[str]:
 def compare_command(args, argv: list[str]) -> int:
     """speedrun compare A B [--json] [--db PATH]; stores the comparison as a report in the database."""
     report, stored = compare_stored(args.a, args.b, db_path=args.db, command=shlex.join(["speedrun", *argv]))
+    if stored is None:
+        err(f"not stored: this process may not write the results database {args.db or db.default_db_path()}")
     if args.json:
         print(json.dumps({**report, "id": stored}, indent=2))
     else:
@@ -97,7 +116,8 @@ def compare_command(args, argv: list[str]) -> int:
 
 def report_command(args) -> int:
     """`speedrun report [--out FILE] [--readme FILE] [--benchmarks FILE] [--db PATH]`: what it wrote on stderr."""
-    publish(args.db, out=args.out, readme=args.readme, benchmarks=args.benchmarks, log=err)
+    path = None if args.db is None else user_path(args.db, "--db")  # --db=~/r.db: no shell expanded its ~
+    publish(path, out=args.out, readme=args.readme, benchmarks=args.benchmarks, log=err)
     return 0
 
 

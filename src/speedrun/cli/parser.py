@@ -35,10 +35,25 @@ def _version() -> str:
     return f"speedrun {__version__}"
 
 
-def _instrument_flags(p: argparse.ArgumentParser, epochs_help: str | None = None) -> None:
+# The help of the flags many commands share, written once: every flag of every command has a help text
+# (tests/test_cli_help.py walks the parser).
+RECIPE_HELP = "recipe name (default cifar10-94; `speedrun recipes` lists them)"
+DATASET_HELP = ("cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...], or a path (image folder "
+                "ROOT/{train,test or val}/<class>/, CIFAR batches or archive, IDX files, prepared shards for the "
+                "imagenet recipes); default: the recipe's")
+DATA_DIR_HELP = "where a named dataset's archive or files already are (default: downloaded into $SPEEDRUN_DATA)"
+DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps"
+EPOCHS_HELP = "train this many epochs instead of the recipe's; the schedule is compressed to fit"
+SEED_HELP = "first seed; run i uses seed + i (default 0)"
+IMAGE_SIZE_HELP = "image folders: resize the shorter side to PX and centre-crop PX x PX (mixed sizes)"
+
+
+def _instrument_flags(p: argparse.ArgumentParser, epochs_help: str = EPOCHS_HELP) -> None:
     """The flags ablate and tune share with bench's: the data, the device, the budget, the seed and the outputs."""
-    for flag, kwargs in (("--dataset", {}), ("--data-dir", {}), ("--device", {"default": "auto"}),
-                         ("--epochs", {"type": _float, "help": epochs_help}), ("--seed", {"type": int, "default": 0}),
+    for flag, kwargs in (("--dataset", {"help": DATASET_HELP}), ("--data-dir", {"help": DATA_DIR_HELP}),
+                         ("--device", {"default": "auto", "help": DEVICE_HELP}),
+                         ("--epochs", {"type": _float, "help": epochs_help}),
+                         ("--seed", {"type": int, "default": 0, "help": SEED_HELP}),
                          ("--json", {"help": "report file, never replaced"}),
                          ("--db", {"metavar": "PATH", "help": "results database (default as for train)"})):
         p.add_argument(flag, **{"default": None, **kwargs})
@@ -64,22 +79,19 @@ def _add_train(sub) -> None:
                               "\n\nUnder torchrun (torchrun --nproc_per_node=K -m speedrun train ...) every process "
                               "takes 1/K of each batch; see the README.")
     t.add_argument("recipe", nargs="?", default="cifar10-94", help="recipe name (default cifar10-94; listed below)")
-    t.add_argument("--dataset", default=None,
-                   help="cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...], or a path "
-                        "(image folder ROOT/{train,test}/<class>/, CIFAR batches or archive, IDX files)")
-    t.add_argument("--data-dir", default=None, help="where a named dataset's archive or files already are")
-    t.add_argument("--image-size", type=int, default=None, metavar="PX",
-                   help="image folders: resize the shorter side to PX and centre-crop PX x PX (mixed sizes)")
-    t.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, mps")
-    t.add_argument("--epochs", type=_float, default=None, help="override the epochs; the schedule is compressed")
+    t.add_argument("--dataset", default=None, help=DATASET_HELP)
+    t.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    t.add_argument("--image-size", type=int, default=None, metavar="PX", help=IMAGE_SIZE_HELP)
+    t.add_argument("--device", default="auto", help=DEVICE_HELP)
+    t.add_argument("--epochs", type=_float, default=None, help=EPOCHS_HELP)
     t.add_argument("--runs", type=int, default=1, help="number of seeds (default 1)")
-    t.add_argument("--seed", type=int, default=0, help="first seed; run i uses seed + i")
+    t.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set lookahead=false (repeatable)")
     t.add_argument("--json", default=None,
                    help="result file, never replaced (default: a new results/<time>-<recipe>-<dataset>.json)")
     t.add_argument("--smoke", action="store_true",
-                   help="pipeline check in seconds: a few steps, 1000 test images, no TTA; not a result")
+                   help="pipeline check in seconds: 4 small steps, 256 test images, no TTA; marked as not a result")
     t.add_argument("--quiet", action="store_true", help="print only the summary table (and warnings)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save the training state in DIR (off by default; outside the timed region)")
@@ -106,20 +118,20 @@ def _add_train(sub) -> None:
 def _add_results(sub) -> None:
     """results and `results import`: the stored results."""
     r = sub.add_parser("results", help="list stored results (filters, --json, --csv); `results import FILE...`")
-    r.add_argument("--recipe", default=None)
+    r.add_argument("--recipe", default=None, help="results of this recipe only")
     r.add_argument("--dataset", default=None, help="the dataset as given, or its last path part")
     r.add_argument("--device", default=None, help="a device type (cuda, cpu) or part of the device's name")
     r.add_argument("--since", default=None, metavar="DATE", help="ISO date or time (UTC), inclusive")
     r.add_argument("--until", default=None, metavar="DATE", help="ISO date or time (UTC), inclusive")
     r.add_argument("--command", dest="command_text", default=None, metavar="TEXT",
                    help="results whose command line contains TEXT")
-    r.add_argument("--limit", type=int, default=None, metavar="N")
+    r.add_argument("--limit", type=int, default=None, metavar="N", help="the newest N only")
     r.add_argument("--json", action="store_true", help="a JSON list instead of a table")
     r.add_argument("--csv", action="store_true", help="CSV instead of a table")
     r.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     rsub = r.add_subparsers(dest="results_action", parser_class=_Parser)
     ri = rsub.add_parser("import", help="store result JSON files (speedrun train --json, benchmarks/results/)")
-    ri.add_argument("files", nargs="+", metavar="FILE")
+    ri.add_argument("files", nargs="+", metavar="FILE", help="result JSON files; each is checked, stored once")
     # SUPPRESS: `results --db X import F` keeps the X given before `import` (a default here would replace it).
     ri.add_argument("--db", default=argparse.SUPPRESS, metavar="PATH", help="results database (default as for train)")
 
@@ -127,15 +139,15 @@ def _add_results(sub) -> None:
 def _add_measuring(sub) -> None:
     """The commands that measure: bench, ablate, tune, profile, peak."""
     b = sub.add_parser("bench", help="settings side by side: --vary KEY=V1,V2 against the baseline, interleaved")
-    b.add_argument("recipe", nargs="?", default="cifar10-94")
+    b.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
     b.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
                    help="a config key and the values to try, each against the baseline (repeatable)")
     b.add_argument("--runs", type=int, default=3, help="runs per setting (default 3)")
-    b.add_argument("--dataset", default=None)
-    b.add_argument("--data-dir", default=None)
-    b.add_argument("--device", default="auto")
-    b.add_argument("--epochs", type=_float, default=None)
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--dataset", default=None, help=DATASET_HELP)
+    b.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    b.add_argument("--device", default="auto", help=DEVICE_HELP)
+    b.add_argument("--epochs", type=_float, default=None, help=EPOCHS_HELP)
+    b.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="the baseline's config overrides (repeatable)")
     b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
@@ -144,7 +156,7 @@ def _add_measuring(sub) -> None:
                    help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
                         "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
     a = sub.add_parser("ablate", help="each registered trick switched off alone, sorted by what it buys")
-    a.add_argument("recipe", nargs="?", default="cifar10-94")
+    a.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
     a.add_argument("--runs", type=int, default=3, help="runs per variant (default 3)")
     _instrument_flags(a)
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -161,7 +173,7 @@ def _add_measuring(sub) -> None:
                         "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
     tu = sub.add_parser("tune", help="the doctor: the performance guide's settings measured here for this recipe, "
                         "ranked by measured gain; --apply FILE writes the recommended ones for train --settings")
-    tu.add_argument("recipe", nargs="?", default="cifar10-94")
+    tu.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
     tu.add_argument("--runs", type=int, default=3, help="runs per setting, interleaved (default 3)")
     _instrument_flags(tu, epochs_help="the short budget each run trains (default: the recipe's; 0.25 to 1 is typical)")
     tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -174,22 +186,22 @@ def _add_measuring(sub) -> None:
     tu.add_argument("--strict", action="store_true", help="refuse while a debugging switch that slows training is on")
     pr = sub.add_parser("profile", help="where a training step's time goes: phases, operators by layer type, "
                         "memory, FLOPs and MFU; a trace for Perfetto")
-    pr.add_argument("recipe", nargs="?", default="cifar10-94")
-    pr.add_argument("--dataset", default=None, help="as for train (default: the recipe's)")
-    pr.add_argument("--data-dir", default=None)
-    pr.add_argument("--image-size", type=int, default=None, metavar="PX")
-    pr.add_argument("--device", default="auto")
+    pr.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
+    pr.add_argument("--dataset", default=None, help=DATASET_HELP)
+    pr.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    pr.add_argument("--image-size", type=int, default=None, metavar="PX", help=IMAGE_SIZE_HELP)
+    pr.add_argument("--device", default="auto", help=DEVICE_HELP)
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config overrides, as for train (repeatable)")
     pr.add_argument("--steps", type=int, default=5, metavar="N",
                     help="training steps recorded, after 1 skipped and 1 warm-up step (default 5)")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--seed", type=int, default=0, help="the seed of the profiled run (default 0)")
     pr.add_argument("--trace", default=None, metavar="FILE",
                     help="the trace (Chrome trace JSON, never replaced; default results/<time>-profile-...trace.json)")
     pr.add_argument("--json", default=None, metavar="FILE", help="also write the report here (never replaced)")
     pr.add_argument("--strict", action="store_true", help="refuse while a debugging switch that slows training is on")
     pk = sub.add_parser("peak", help="this device's peak FLOP/s per precision, measured (matmul and conv) and cached")
-    pk.add_argument("--device", default="auto")
+    pk.add_argument("--device", default="auto", help=DEVICE_HELP)
     pk.add_argument("--again", action="store_true", help="measure again, replacing the cached figures")
     pk.add_argument("--threads", type=int, default=None, metavar="N",
                     help="CPU: measure with N intra-op threads, as a run with --set cpu_threads=N uses (default: "
@@ -206,15 +218,15 @@ def _add_files_and_models(sub) -> None:
     e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
     e.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     e.add_argument("--dataset", required=True, help="as for train: a name or a path")
-    e.add_argument("--data-dir", default=None, help="where a named dataset's files already are")
+    e.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     e.add_argument("--image-size", type=int, default=None, metavar="PX", help="image folders: resize as for train")
-    e.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", default=None, help="also write the result to this new file")
     p = sub.add_parser("predict", help="top classes of image files under a saved model")
     p.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
     p.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     o = sub.add_parser("report", help="the results database as one HTML page; --readme/--benchmarks tables")
     o.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default speedrun-report.html; replaces only an earlier report)")

@@ -5,7 +5,9 @@ Failure behaviour (README "Failure behaviour"):
 - a user error (bad flag, config, data or path) prints one line on stderr and exits 2, before any training;
 - Ctrl-C exits 130 and SIGTERM 143, each after saving the finished runs;
 - a run whose loss becomes NaN/inf is recorded as diverged and the command exits 3 (its result is written);
-- anything unexpected prints one line naming the error and exits 1 (SPEEDRUN_TRACEBACK=1 shows the traceback).
+- anything unexpected prints one line naming the error and exits 1 (SPEEDRUN_TRACEBACK=1 shows the traceback);
+- when the reader of the output leaves (`speedrun results | head`), the command ends quietly with 141 (128 +
+  SIGPIPE), as a Unix filter's writer does.
 Warnings are one line each, `speedrun: warning: ...`, and are shown with --quiet too.
 """
 
@@ -15,9 +17,11 @@ import contextlib
 import errno
 import importlib
 import os
+import select
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 from speedrun.cli.output import EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say, under_torchrun
 from speedrun.cli.parser import build_parser
@@ -62,6 +66,69 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc) or "out of memory" in str(exc))
 
 
+# What to do when a command runs out of memory, in the flags that command has (a test holds each flag named here
+# to the command's parser).
+_SMALLER_BATCH = ("lower batch_size or eval_batch_size (--set batch_size=N, --set eval_batch_size=N), or use fewer "
+                  "or smaller images")
+_MEMORY_ADVICE = {
+    "train": _SMALLER_BATCH, "bench": _SMALLER_BATCH, "ablate": _SMALLER_BATCH, "tune": _SMALLER_BATCH,
+    "profile": _SMALLER_BATCH,
+    "eval": "evaluate on the CPU (--device cpu), whose memory is usually larger, or, for an image folder, at a "
+            "smaller --image-size",
+    "predict": "give fewer or smaller images per call, or predict on the CPU (--device cpu)",
+    "bench-loader": "measure a smaller --batch or --res, or fewer --workers",
+    "peak": "measure on the CPU (--device cpu), or free the device's memory (other programs on it)",
+    "data": "use fewer --workers (each holds images being decoded) or a smaller --max-side-px",
+    "results": "free memory (other programs), or give a smaller results database with --db PATH",
+    "compare": "free memory (other programs), or compare two result files (compare A.json B.json)",
+    "report": "free memory (other programs), or give a smaller results database with --db PATH",
+}
+
+
+def memory_advice(command: str) -> str:
+    """The fix an out-of-memory line gives for `command` (a subcommand's name)."""
+    return _MEMORY_ADVICE.get(command, "free memory (other programs) and run again")
+
+
+def _stdout_reader_left() -> bool:
+    """Whether stdout's reader has gone (a pipe whose reading end is closed: poll says POLLERR), so that a
+    BrokenPipeError is the output's and not some other pipe's (a worker process's), which is an error to show.
+    A stdout with no descriptor (an embedding program's stream) is taken at its word."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """stdout onto /dev/null: the interpreter's flush at exit must not fail again on the broken pipe."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+
+
+def _raised_in(exc: BaseException, function: str) -> bool:
+    """Whether `exc` was raised in a function of that name (the innermost frame of its traceback)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == function
+
+
+def _recipes_command(args) -> int:
+    for line in recipe_lines():
+        print(line)
+    return 0
+
+
 # Each subcommand's handler: (its module in speedrun.cli, the function, whether it takes the command line too).
 # The module is imported when its command runs: train_commands imports torch, which `speedrun --help`, `speedrun
 # recipes` and the file commands do without.
@@ -77,7 +144,8 @@ _COMMANDS = {"train": ("train_commands", "train_command", True),
              "results": ("file_commands", "results_command", False),
              "compare": ("file_commands", "compare_command", True),
              "report": ("file_commands", "report_command", False),
-             "data": ("file_commands", "prepare_command", False)}
+             "data": ("file_commands", "prepare_command", False),
+             "recipes": (None, _recipes_command, False)}
 
 
 # The commands that train, and so take part in a torchrun job (every process trains; rank 0 prints and writes).
@@ -93,17 +161,6 @@ def main(argv: list[str] | None = None) -> int:
             say(f"speedrun: error: `speedrun {args.command}` runs in one process: start it without torchrun (the "
                  f"commands that run under torchrun are {', '.join(DISTRIBUTED_COMMANDS)})")
         return EXIT_USAGE
-    if args.command == "recipes":
-        try:
-            for line in recipe_lines():
-                print(line)
-        except BrokenPipeError:  # `speedrun recipes | head -0`: the reader left; so do we, quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush must not fail again
-            return 128 + signal.SIGPIPE
-        except OSError as exc:  # a full disk under `> file`
-            say(f"speedrun: error: cannot write the list ({exc.strerror})")
-            return EXIT_USAGE
-        return 0
     prog = prog_name()
     # Everything from here on, the imports of torch and the data included (a second or more), is inside the
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
@@ -112,30 +169,33 @@ def main(argv: list[str] | None = None) -> int:
             module, function, takes_argv = _COMMANDS[args.command]
             if args.command == "results" and args.results_action == "import":
                 function = "import_command"
-            run = getattr(importlib.import_module(f"speedrun.cli.{module}"), function)
-            return run(args, argv) if takes_argv else run(args)
+            run = function if module is None else getattr(importlib.import_module(f"speedrun.cli.{module}"), function)
+            code = run(args, argv) if takes_argv else run(args)
+            sys.stdout.flush()  # here, where a reader that left is caught, not at the interpreter's exit
+            return code
+    except BrokenPipeError as exc:  # `speedrun results | head`: the reader left, so do we, quietly (any command)
+        if not _stdout_reader_left():
+            return _error_line(prog, exc)
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE
+    except SystemExit as exc:
+        # rich's Console (train's tables) meets a broken pipe by moving stdout onto /dev/null and raising
+        # SystemExit(1) from its on_broken_pipe: the same event as above, told by where it was raised
+        if _raised_in(exc, "on_broken_pipe"):
+            return 128 + signal.SIGPIPE
+        raise
     except ValueError as exc:
         say(f"{prog}: error: {one_line(exc)}{_kept(exc)}")
         return EXIT_USAGE
     except OSError as exc:  # FileNotFoundError with our message, or the system's word on a path the user gave
-        if exc.strerror is None:
-            text = str(exc)
-        else:  # a write to stdout or a full disk has no file name to show
-            where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
-            fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
-            text = f"{exc.strerror}{where}{fix}"
-        say(f"{prog}: error: {one_line(text)}{_kept(exc)}")
-        return EXIT_USAGE
+        return _error_line(prog, exc)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as errors.Terminated
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         if isinstance(exc, Terminated) and under_torchrun():
             # torchrun stops every process with SIGTERM when one fails, as it forwards the user's or a scheduler's
             what = "terminated (SIGTERM: by the user or scheduler, or by torchrun after another process failed)"
-        kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
-        where = (f"{kept} finished run(s) kept in {path}" if kept and path else
-                 f"{kept} finished run(s), no result file asked for" if kept else
-                 "nothing was written" if args.command in ("report", "results", "compare", "data") else
-                 "no run had finished")
+        where = _where_kept(exc) or ("nothing was written" if args.command in ("report", "results", "compare", "data")
+                                     else "no run had finished")
         if getattr(exc, "checkpoint_dir", None) is not None:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
         if prog != "speedrun":  # rank 0 reports the interrupt for the job
@@ -146,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "PeerFailed":  # dist.main_first: rank 0 failed first and printed why
             return EXIT_USAGE
         if _out_of_memory(exc):
-            say(f"{prog}: error: out of memory ({one_line(exc, prose=True)[:200]}); lower batch_size or "
-                  f"eval_batch_size (--set ...), or use fewer or smaller images{_kept(exc)}")
+            say(f"{prog}: error: out of memory ({one_line(exc, prose=True)[:200]}); {memory_advice(args.command)}"
+                f"{_kept(exc)}")
+            return EXIT_USAGE
+        if _database_error(exc):  # records/db.py makes SQLite's errors refusals; this catches one that got past
+            from speedrun.records import db
+
+            say(f"{prog}: error: {one_line(db.refusal(exc, _database_name(args)))}{_kept(exc)}")
             return EXIT_USAGE
         if os.environ.get("SPEEDRUN_TRACEBACK"):
             raise
@@ -160,14 +225,96 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def _error_line(prog: str, exc: OSError) -> int:
+    """An OSError as the command's one line: ours (a message naming its file), or the system's word and file."""
+    if exc.strerror is None:
+        text = str(exc)
+    else:  # a write to stdout or a full disk has no file name to show
+        where = f": {exc.filename}" if exc.filename else " (writing the output or a result)"
+        fix = "; free disk space and run again" if exc.errno == errno.ENOSPC else ""
+        text = f"{exc.strerror}{where}{fix}"
+    say(f"{prog}: error: {one_line(text)}{_kept(exc)}")
+    return EXIT_USAGE
+
+
+def _database_error(exc: BaseException) -> bool:
+    """SQLite's own error about a file (damaged, full, locked), not a misuse of its API (a bug)."""
+    sqlite3 = sys.modules.get("sqlite3")
+    return sqlite3 is not None and isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, sqlite3.ProgrammingError)
+
+
+def _database_name(args) -> str:
+    """The results database the command was given (--db), else the default one, for a refusal's line."""
+    given = getattr(args, "db", None)
+    if given:
+        return str(given)
+    from speedrun.records import db
+
+    try:
+        return str(db.default_db_path())
+    except ValueError:  # SPEEDRUN_DB holds a ~user that does not exist
+        return os.environ.get("SPEEDRUN_DB", "the results database")
+
+
 def _kept(exc: BaseException) -> str:
     """"; 2 finished run(s) kept in PATH" when the command stopped part way after some runs had ended
-    (errors.note_kept), else ""."""
+    (errors.note_kept; `_where_kept`), else ""."""
+    where = _where_kept(exc)
+    return "" if where is None else one_line(f"; {where}")
+
+
+def _where_kept(exc: BaseException) -> str | None:
+    """Where the finished runs of a command that stopped part way are, as it is: None when none had ended.
+
+    exc carries runs_kept and result_path (errors.note_kept), and stored_as = (database, id) where the runs' row
+    went into the results database. A train result file is rewritten after every run, so a full disk can leave it
+    a run or more behind: it is read back and its runs counted, and the line says how many it holds."""
     kept, path = getattr(exc, "runs_kept", 0), getattr(exc, "result_path", None)
     if not kept:
-        return ""
-    return one_line(f"; {kept} finished run(s) kept in {path}" if path else
-                     f"; {kept} finished run(s), no result file asked for")
+        return None
+    stored = getattr(exc, "stored_as", None)
+    in_database = None if stored is None else f"the results database {stored[0]} (#{stored[1]})"
+    if path is None or (stored is not None and _same_file(path, stored[0])):
+        return (f"{kept} finished run(s) in {in_database}" if in_database else
+                f"{kept} finished run(s), no result file asked for")
+    in_file = _runs_in(path)
+    if in_file is None or in_file == kept:
+        return f"{kept} finished run(s) kept in {path}" + (f" and in {in_database}" if in_database else "")
+    behind = f"{path} holds {in_file}{_why_behind(exc)}"
+    return f"{kept} finished run(s) in {in_database}; {behind}" if in_database else f"{kept} run(s) finished; {behind}"
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return Path(a) == Path(b)
+
+
+def _runs_in(path) -> int | None:
+    """The runs a `speedrun train` result file at `path` holds (0: the empty file a command claims first); None
+    for another file (a benchmark report is written once, whole, with the database row; the database itself) or
+    one that cannot be read."""
+    from speedrun.records.result_file import load_result  # numpy: only on this path
+
+    try:
+        if os.path.getsize(path) == 0:
+            return 0
+        result = load_result(path)
+    except (OSError, ValueError, RecursionError):
+        return None
+    runs = result.get("runs")
+    return len(runs) if isinstance(runs, list) and "benchmark" not in result else None
+
+
+def _why_behind(exc: BaseException) -> str:
+    """Why a result file holds fewer runs than ended, when the error that stopped the command says."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return ": the disk is full"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f": writing it failed ({exc.strerror})"
+    return ""
 
 
 def _peer_lost(exc: BaseException) -> bool:

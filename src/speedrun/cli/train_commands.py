@@ -29,8 +29,13 @@ from speedrun.records.result_file import claim_result_path, release_result_path,
 from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
-from speedrun.run.export import evaluate_saved, predict_files
+from speedrun.run.export import evaluate_saved, iter_predictions
 from speedrun.tricks.precision import set_cpu_threads
+
+
+def _stored_text(stored: int | None) -> str:
+    """Where a report went besides its file: its database id, or that storing it failed (a warning said why)."""
+    return "not stored in the results database" if stored is None else f"stored as #{stored}"
 
 
 def _log(line: str) -> None:
@@ -109,7 +114,7 @@ def bench_command(args, argv: list[str]) -> int:
         return diverged_exit(report, quiet=True)
     for line in _bench_lines(report):
         out(line)
-    err(f"report: {path} (stored as #{stored}); order: "
+    err(f"report: {path} ({_stored_text(stored)}); order: "
         + " ".join(o["setting"] for o in report["order"][:12]) + (" ..." if len(report["order"]) > 12 else ""))
     return diverged_exit(report)
 
@@ -167,7 +172,7 @@ def ablate_command(args, argv: list[str]) -> int:
         return diverged_exit(report, quiet=True)
     for line in _waterfall_lines(report) if order is not None else _ablate_lines(report):
         out(line)
-    err(f"report: {path} (stored as #{stored})")
+    err(f"report: {path} ({_stored_text(stored)})")
     return diverged_exit(report)
 
 
@@ -216,7 +221,7 @@ def to_target_command(args, argv: list[str]) -> int:
         return EXIT_DIVERGED if bad else 0
     for line in _target_lines(report):
         out(line)
-    err(f"report: {path} (stored as #{stored}); order: "
+    err(f"report: {path} ({_stored_text(stored)}); order: "
         + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
         + (" ..." if len(report["order"]) > 12 else ""))
     for name, count in bad:
@@ -230,15 +235,34 @@ def eval_command(args) -> int:
     result, _ = _report_to(getattr(args, "json", None), lambda: evaluate_saved(
         args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
         log=None if quiet else _log))
+    if result["smoke_test"]:
+        err(_SMOKE_MODEL.format(model=args.model, what="accuracy"))
     out(f"accuracy {100 * result['accuracy']:.2f}% on {result['dataset']} test ({result['n']} images, "
-        f"TTA level {result['tta_level']})")
+        f"TTA level {result['tta_level']})" + (" -- a smoke test's model" if result["smoke_test"] else ""))
     return 0
 
 
+_SMOKE_MODEL = ("note: {model} was saved by a smoke test (speedrun train --smoke: a few steps), so its {what} "
+                "mean(s) nothing; train without --smoke for a real model")
+
+
 def predict_command(args) -> int:
-    """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout."""
-    for file, preds in predict_files(args.model, args.images, top=args.top, device=args.device):
-        out(f"{file}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds))
+    """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout, each batch
+    as it is scored; a file that fails after some were printed says how many were."""
+    def note_smoke(model) -> None:
+        if model.smoke_test:
+            err(_SMOKE_MODEL.format(model=args.model, what="predictions"))
+
+    printed = 0
+    try:
+        for file, preds in iter_predictions(args.model, args.images, top=args.top, device=args.device,
+                                            on_load=note_smoke):
+            out(f"{file}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds), flush=True)
+            printed += 1
+    except ValueError as e:
+        if printed:
+            raise ValueError(f"{e} ({printed} of {len(args.images)} prediction(s) printed above)") from None
+        raise
     return 0
 
 
@@ -370,7 +394,7 @@ def tune_command(args, argv: list[str]) -> int:
             data_dir=args.data_dir, overrides=overrides, only=only, log=log))
         for line in tune_lines(report):
             out(line)
-        err(f"report: {path} (stored as #{stored})")
+        err(f"report: {path} ({_stored_text(stored)})")
         if apply_path is not None:
             values = {k: set_text(v) for k, v in report["tune"]["recommended"].items()}
             write_settings(apply_path, recipe=report["recipe"], device=report["device"],

@@ -24,6 +24,7 @@ import torch
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.errors import warn
+from speedrun.paths import in_the_way
 
 # Bump when the cache layout changes (this layout's payload carries "sha256"): the number is part of every cache
 # file's name and payload, so files of another layout simply stop matching.
@@ -169,8 +170,10 @@ def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
         tmp = None
     except OSError as e:
         # A read-only or full cache dir costs speed next time, not correctness now.
-        warn(f"could not write cache {shown} ({e.strerror or e}); continuing without it, so the next run decodes "
-             "again")
+        blocked = in_the_way(path.parent)
+        why = (f"{blocked}: remove or rename it, or set SPEEDRUN_DATA to another folder" if blocked else
+               e.strerror or str(e))
+        warn(f"could not write cache {shown} ({why}); continuing without it, so the next run decodes again")
         return
     finally:
         if tmp is not None and os.path.exists(tmp):

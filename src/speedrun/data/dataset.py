@@ -24,6 +24,10 @@ class Dataset:
     test_images: torch.Tensor
     test_labels: torch.Tensor
     classes: list[str] = field(default_factory=list)
+    # Where the test split came from when that is not test/ ("val/" for an image folder in ImageNet's layout),
+    # and what the source's listing left out ("left out: 1 hidden (.DS_Store)"): said by describe(), not cached.
+    test_from: str = ""
+    left_out: str = ""
 
     def __post_init__(self) -> None:
         # Tensors often come from files (or from a user of the Python API): a wrong type or shape is bad input, so
@@ -64,8 +68,10 @@ class Dataset:
     def describe(self) -> str:
         """One line: the name, the splits' sizes, the image shape and the classes."""
         c, h, w = self.image_shape
-        return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test, {c}x{h}x{w}, "
-                f"{self.num_classes} classes")
+        test_from = f" (from {self.test_from})" if self.test_from else ""
+        left_out = f"; {self.left_out}" if self.left_out else ""
+        return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test{test_from}, "
+                f"{c}x{h}x{w}, {self.num_classes} classes{left_out}")
 
     def test_sample(self, n: int) -> Dataset:
         """The dataset with the first n test images of a fixed random order (a test folder is class-ordered, so

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from speedrun.data import limits
+from speedrun.paths import in_the_way
 
 try:
     import fcntl  # POSIX advisory locks for concurrent downloads; absent on Windows
@@ -142,6 +143,10 @@ def fetch(
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        blocked = in_the_way(dest.parent)
+        if blocked:  # "File exists" / "Not a directory": no permission would help
+            raise ValueError(f"cannot create {dest.parent} ({blocked}); remove or rename it, or set SPEEDRUN_DATA "
+                             f"to another folder, or {offline_fix}") from None
         raise ValueError(f"cannot create {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
     with _download_lock(dest, log):
         if dest.exists():  # another process published it while we waited

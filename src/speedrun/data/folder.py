@@ -1,9 +1,13 @@
-"""Image folders: `ROOT/{train,test}/<class>/<image>` with .jpg/.jpeg/.png files, decoded with Pillow.
+"""Image folders: `ROOT/{train,test}/<class>/<image>` with .jpg/.jpeg/.png files, decoded with Pillow. A tree with
+val/ and no test/ (ImageNet's layout, the one `speedrun data prepare` takes) evaluates on val/.
 
 Class indices follow the sorted folder names of train/. Channels come from the data: if every image
 is grayscale the result has 1 channel, otherwise 3 (grayscale images are replicated into RGB).
 Images keep their own size, which must then be one size for all; `image_size=N` instead resizes each
 image so its shorter side is N and centre-crops it to N x N.
+
+What the listing leaves out (hidden entries such as .DS_Store or .ipynb_checkpoints, files beside the class
+folders, other files in them) is counted and named (LeftOut), never dropped without a word.
 
 Every file is hostile until its header is checked: its claimed width x height is held against
 `limits.MAX_SOURCE_PIXELS` (and, without resizing, `limits.MAX_IMAGE_SIDE_PX`) before a pixel is decoded,
@@ -21,8 +25,9 @@ import signal
 import stat
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
@@ -62,31 +67,125 @@ class ImageFile:
     mtime_ns: int
 
 
+@dataclass
+class LeftOut:
+    """The entries a listing leaves out, counted by why, the first few of each kind named (a folder may hold
+    millions): what a report says instead of dropping them silently."""
+    counts: Counter = field(default_factory=Counter)  # why -> entries
+    names: dict[str, list[str]] = field(default_factory=dict)  # why -> the first NAMED of them, as on disk
+
+    NAMED = 3
+
+    def add(self, name: str, why: str) -> None:
+        self.counts[why] += 1
+        named = self.names.setdefault(why, [])
+        if len(named) < self.NAMED:
+            named.append(name)
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts.values())
+
+    def text(self) -> str:
+        """One clause, e.g. `left out: 1 hidden (.ipynb_checkpoints/), 2 not .jpg/.jpeg/.png (cat/a.txt, cat/b.gif)`;
+        empty when nothing was left out."""
+        if not self.counts:
+            return ""
+        return "left out: " + ", ".join(
+            f"{n} {why} ({', '.join(self.names[why])}{' ...' if n > len(self.names[why]) else ''})"
+            for why, n in self.counts.items())
+
+
+def not_an_image(e: os.DirEntry) -> str:
+    """Why an entry of a class folder that is not named like an image is left out (a LeftOut reason)."""
+    try:
+        return "sub-folder, not read" if e.is_dir() else "not .jpg/.jpeg/.png"
+    except OSError:  # a symlink loop
+        return "not .jpg/.jpeg/.png"
+
+
+def shown_name(e: os.DirEntry, rel: str) -> str:
+    """`rel`, with a trailing / for a folder (a link to one included)."""
+    try:
+        return rel + "/" if e.is_dir() else rel
+    except OSError:  # a symlink loop
+        return rel
+
+
+def which_test_folder(root: Path) -> str | None:
+    """Which folder of `root` holds its test split: test/, or val/ where there is no test/ (ImageNet's layout);
+    None when `root` has no train/ folder (not an image folder). Raises ValueError when train/ has neither
+    beside it, or both hold class folders (which one is the test set is then the user's choice)."""
+    if not (root / "train").is_dir():
+        return None
+    found = [s for s in ("test", "val") if (root / s).is_dir()]
+    if not found:
+        raise ValueError(f"{root} has train/ but no test/ or val/ folder beside it; an image folder needs a test "
+                         "split: add test/<class>/<image> (or val/<class>/<image>)")
+    if len(found) == 2:
+        labelled = [s for s in found if class_dirs(root / s)]
+        if len(labelled) == 2:
+            raise ValueError(f"{root} has both test/ and val/ class folders, and only one can be the test split; "
+                             "move one of them out of the folder")
+        found = labelled or found
+    return found[0]
+
+
 def is_image_folder(root: Path) -> bool:
-    return (root / "train").is_dir() and (root / "test").is_dir()
+    """`root` holds train/ and test/ (or val/). Raises ValueError for a train/ whose test split is missing or
+    ambiguous (which_test_folder)."""
+    return which_test_folder(root) is not None
 
 
-def _entries(directory: Path) -> list[os.DirEntry]:
-    """The visible entries of `folder` sorted by name. Hidden ones are skipped: ".git", or macOS's "._x.png"
-    AppleDouble files, which carry an image's name but hold Finder metadata."""
+def visible_entries(directory: Path, left_out: LeftOut | None = None, prefix: str = "") -> list[os.DirEntry]:
+    """The visible entries of `folder` sorted by name. Hidden ones are left out, and counted in `left_out` (named
+    `prefix` + name): ".git", ".ipynb_checkpoints", or macOS's "._x.png" AppleDouble files, which carry an image's
+    name but hold Finder metadata."""
     try:
         with os.scandir(directory) as it:
-            return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+            entries = sorted(it, key=lambda e: e.name)
     except OSError as e:
         raise ValueError(f"cannot list {directory} ({refusal_reason(e)}); "
                          "make it a readable folder") from None
+    visible = []
+    for e in entries:
+        if not e.name.startswith("."):
+            visible.append(e)
+        elif left_out is not None:
+            left_out.add(shown_name(e, prefix + e.name), "hidden")
+    return visible
 
 
-def class_dirs(split_dir: Path) -> list[str]:
+def class_dirs(split_dir: Path, left_out: LeftOut | None = None, prefix: str = "") -> list[str]:
+    """The class folders of a split folder, sorted; what else it holds is counted in `left_out` (named `prefix` +
+    name): hidden entries, files, broken links."""
     names = []
-    for e in _entries(split_dir):
+    for e in visible_entries(split_dir, left_out, prefix):
         try:
             is_dir = e.is_dir()  # follows symlinks; a symlink loop raises ELOOP here
         except OSError as err:
             raise ValueError(f"cannot read {e.path} ({refusal_reason(err)}); fix or remove it") from None
         if is_dir:
             names.append(e.name)
+        elif left_out is not None:
+            broken = e.is_symlink() and not os.path.exists(e.path)
+            left_out.add(prefix + e.name, "broken link" if broken else "not a class folder")
     return names
+
+
+def distinct_names(names: list[str], where: Path) -> list[str]:
+    """The class folder names as stored (errors.printable), refused when two of them show as the same text (a
+    newline and a backslash-n: "a\nb" and "a\\nb"): their classes would merge, or a class index would name one
+    class twice."""
+    shown: dict[str, str] = {}
+    for name in names:
+        stored = printable(name)
+        if stored in shown:
+            raise ValueError(f"{where} has class folders {shown[stored]!r} and {name!r}, whose names are stored "
+                             f"alike as {stored!r} (control characters and bytes that are not UTF-8 are escaped); "
+                             "rename one of them")
+        shown[stored] = name
+    return list(shown)
 
 
 def _image_file(e: os.DirEntry, rel: str, label: int) -> ImageFile:
@@ -103,41 +202,59 @@ def _image_file(e: os.DirEntry, rel: str, label: int) -> ImageFile:
     return ImageFile(e.path, rel, label, st.st_size, st.st_mtime_ns)
 
 
-def list_images(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
-    """(classes, {"train": [...], "test": [...]}) in a deterministic order (class, then file name).
+@dataclass
+class Listing:
+    """An image folder's classes (escaped, errors.printable, as a dataset, its cache and a model card store them)
+    and files ({"train": [...], "test": [...]}, in (class, file name) order, named as on disk), the folder the
+    test split came from ("test" or "val"), and what the listing left out."""
+    classes: list[str]
+    splits: dict[str, list[ImageFile]]
+    test_folder: str
+    left_out: LeftOut
 
-    Class names are returned escaped (errors.printable), as a dataset, its cache and a model card store them; the
-    files keep their names as they are on disk, and messages name them so.
-    """
-    classes = class_dirs(root / "train")
+
+def list_images(root: Path) -> Listing:
+    """The image folder at `root` listed in a deterministic order (class, then file name); see Listing."""
+    test_folder = which_test_folder(root) or "test"
+    left_out = LeftOut()
+    for e in visible_entries(root, left_out):  # hidden ones counted there
+        if e.name not in ("train", test_folder, "test"):
+            left_out.add(shown_name(e, e.name), f"beside train/ and {test_folder}/")
+    classes = class_dirs(root / "train", left_out, "train/")
     if not classes:
         raise ValueError(f"{root / 'train'} has no class folders; lay images out as "
                          "train/<class>/<image>")
-    test_classes = class_dirs(root / "test")
+    stored = distinct_names(classes, root / "train")
+    if test_folder == "val" and (root / "test").is_dir():  # ImageNet's test/: unlabelled images, no class folders
+        left_out.add("test/", "without class folders")
+    test_classes = class_dirs(root / test_folder, left_out, f"{test_folder}/")
     if test_classes != classes:
         only_train = sorted(set(classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(classes))
         raise ValueError(
-            f"{root}: train/ and test/ must hold the same class folders; "
-            f"only in train: {only_train or 'none'}, only in test: {only_test or 'none'}"
+            f"{root}: train/ and {test_folder}/ must hold the same class folders; "
+            f"only in train: {only_train or 'none'}, only in {test_folder}: {only_test or 'none'}"
         )
     splits: dict[str, list[ImageFile]] = {}
-    for split in ("train", "test"):
+    for split, folder_name in (("train", "train"), ("test", test_folder)):
         files = []
         for label, name in enumerate(classes):
-            for e in _entries(root / split / name):
+            prefix = f"{folder_name}/{name}/"
+            for e in visible_entries(root / folder_name / name, left_out, prefix):
                 if e.name.lower().endswith(IMAGE_EXTENSIONS):
                     files.append(_image_file(e, f"{name}/{e.name}", label))
+                else:
+                    left_out.add(shown_name(e, prefix + e.name), not_an_image(e))
         if not files:
-            raise ValueError(f"{root / split} has no .jpg/.jpeg/.png images in its class folders")
+            raise ValueError(f"{root / folder_name} has no .jpg/.jpeg/.png images in its class folders")
         if split == "train":  # a class never seen in training is a mistake in the layout, not a class
             empty = sorted(set(range(len(classes))) - {f.label for f in files})
             if empty:
                 names = ", ".join(classes[i] for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
                 raise ValueError(f"{root / 'train'}: class folder(s) {names} hold no .jpg/.jpeg/.png "
-                                 "images; add training images or remove the folder from train/ and test/")
+                                 f"images; add training images or remove the folder from train/ and {folder_name}/")
         splits[split] = files
-    return [printable(c) for c in classes], splits
+    return Listing(stored, splits, test_folder, left_out)
 
 
 def fingerprint(root: Path, splits: dict[str, list[ImageFile]]) -> str:
@@ -219,11 +336,17 @@ def _jpeg_scans(path: str) -> int:
     return count
 
 
-def header_size(path: str) -> tuple[int, int]:
-    """(width, height) from the header, checked; no pixel is decoded."""
+def header_size(path: str, image_size: int | None = None) -> tuple[int, int]:
+    """(width, height) from the header, checked as read_image checks it; no pixel is decoded."""
     with open_image(path) as im:
-        check_header(path, im, None)
+        check_header(path, im, image_size)
         return im.size
+
+
+def as_user_input(e: Refused) -> ValueError:
+    """A refusal of a file the user gave (`speedrun predict`'s images): the folder reader's advice is for a
+    dataset's files."""
+    return ValueError(str(e).replace("; delete it or convert it to PNG", "; give a JPEG or PNG file"))
 
 
 def read_image(path: str, image_size: int | None, ref: tuple[str, tuple[int, int]] | None) -> np.ndarray:
@@ -258,8 +381,8 @@ def decode_one(path: str, image_size: int | None = None) -> np.ndarray:
     resize as `decode` (for `speedrun predict`). A file that cannot be used raises one ValueError naming it."""
     try:
         pixels = read_image(path, image_size, None)
-    except Refused as e:  # the folder reader's advice is for a dataset's files; this one is the user's input
-        raise ValueError(str(e).replace("; delete it or convert it to PNG", "; give a JPEG or PNG file")) from None
+    except Refused as e:
+        raise as_user_input(e) from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 

@@ -10,10 +10,12 @@ is decoded; a file that cannot be used is one ValueError naming it (the command 
 
 The tree is `SRC/{train,val,test}/<class>/<image>` (whichever split folders are there: CIFAR-style folders have
 train/ and test/), or `SRC/<class>/<image>`, one split named train. The images are the files in the class folders
-named .jpg, .jpeg or .png in any case; other files, sub-folders and hidden entries (".DS_Store", macOS's
-"._x.JPEG") are ignored and counted. Labels follow the sorted class-folder names of train/ (the classes a network
-learns), or of all splits together when there is no train/; a split with a class folder outside that index is an
-error naming it.
+named .jpg, .jpeg or .png in any case; everything else the listing meets (hidden entries such as ".DS_Store",
+".ipynb_checkpoints" or macOS's "._x.JPEG", other files, sub-folders, files beside the class folders, folders beside
+the split folders) is left out, counted and named in the report (folder.LeftOut). Labels follow the sorted
+class-folder names of train/ (the classes a network learns), or of all splits together when there is no train/;
+a split with a class folder outside that index is an error naming it, and so are two class folders whose names
+are stored alike once escaped (folder.distinct_names).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from speedrun.data import folder, limits
-from speedrun.errors import printable, warn
+from speedrun.errors import warn
 
 SPLITS = ("train", "val", "test")
 # Prepared images waiting in memory at most: results come back in order, so a slow one holds the ones behind it.
@@ -112,15 +114,48 @@ class SourceFile:
     mtime_ns: int
 
 
+@dataclass
+class Source:
+    """An image tree listed: its class names (printable, as classes.json stores them), each split's image files in
+    (class, name) order, what each split's listing left out, and what SRC holds beside its split folders."""
+    classes: list[str]
+    splits: dict[str, list[SourceFile]]
+    left_out: dict[str, folder.LeftOut]
+    beside: folder.LeftOut
+
+
 def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict[str, int]]:
-    """(class names, printable; {split: image files in (class, name) order}; {split: other entries}), the layout
-    checked (see the module). Only two levels are read, split/class/file, so no symlink loop is ever followed."""
-    split_dirs = {s: src / s for s in SPLITS if (src / s).is_dir()} or {"train": src}
-    folders = {s: folder.class_dirs(d) for s, d in split_dirs.items()}  # sorted, hidden ones left out
+    """(class names, printable; {split: image files in (class, name) order}; {split: entries left out}): read_source
+    in short."""
+    source = read_source(src)
+    return source.classes, source.splits, {s: left.count for s, left in source.left_out.items()}
+
+
+def read_source(src: Path) -> Source:
+    """The tree at `src` listed, the layout checked (see the module). Only two levels are read, split/class/file,
+    so no symlink loop is ever followed."""
+    split_dirs = {s: src / s for s in SPLITS if (src / s).is_dir()}
+    beside = folder.LeftOut()
+    if split_dirs:
+        for e in folder.visible_entries(src, beside):  # hidden ones counted there
+            if e.name not in split_dirs:
+                beside.add(folder.shown_name(e, e.name), "not train/, val/ or test/")
+    else:
+        split_dirs = {"train": src}
+    left_out = {s: folder.LeftOut() for s in split_dirs}
+    prefix = {s: "" if d == src else f"{s}/" for s, d in split_dirs.items()}
+    folders = {s: folder.class_dirs(d, left_out[s], prefix[s]) for s, d in split_dirs.items()}  # sorted
+    if len(folders) > 1 and folders.get("test") == []:  # ImageNet's test/: unlabelled images, no class folders
+        del folders["test"], split_dirs["test"], left_out["test"]
+        beside.add("test/", "without class folders")
     index = folders["train"] if "train" in folders else sorted(set().union(*folders.values()))
     if not index:
+        if any((src / name).is_file() for name in ("manifest.json", "train-index.npy", "val-index.npy")):
+            raise ValueError(f"SRC {src} has no class folders: it is a folder of shards that speedrun data "
+                             "prepare wrote, not an image tree; give the image folder it was prepared from")
         raise ValueError(f"{src} has no class folders; lay images out as SRC/train/<class>/<image> "
                          "(and val/ or test/), or SRC/<class>/<image>")
+    stored = folder.distinct_names(index, split_dirs["train"] if "train" in split_dirs else src)
     if len(index) > limits.MAX_CLASSES:
         raise ValueError(f"{src} has {len(index):,} class folders, over the limit of "
                          f"{limits.MAX_CLASSES:,}; check that SRC is the dataset's top folder")
@@ -131,13 +166,12 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
             raise ValueError(f"{split_dirs[split]} has class folder(s) that train/ has not: "
                              f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}; labels come from "
                              "train/'s folders: add them there or remove them")
-    splits, ignored = {}, {}
+    splits = {}
     for split, names in folders.items():
-        files, ignored[split], empty = [], 0, []
+        files, empty = [], []
         for name in names:
-            found, skipped = _class_files(split_dirs[split] / name, name, label[name])
+            found = _class_files(split_dirs[split] / name, name, label[name], left_out[split], prefix[split])
             files += found
-            ignored[split] += skipped
             if not found:
                 empty.append(name)
         if not files:
@@ -147,20 +181,15 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
             warn(f"{split_dirs[split]}: class folder(s) {', '.join(empty[:5])}"
                  f"{' ...' if len(empty) > 5 else ''} hold no images")
         splits[split] = files
-    return [printable(c) for c in index], splits, ignored
+    return Source(stored, splits, left_out, beside)
 
 
-def _class_files(directory: Path, name: str, label: int) -> tuple[list[SourceFile], int]:
-    """The image files of one class folder sorted by name, and how many other entries it holds."""
-    try:
-        with os.scandir(directory) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as e:
-        raise ValueError(f"cannot list {directory} ({folder.refusal_reason(e)}); make it a readable "
-                         "folder") from None
+def _class_files(directory: Path, name: str, label: int, left_out: folder.LeftOut, prefix: str) -> list[SourceFile]:
+    """The image files of one class folder sorted by name; the other entries counted in `left_out`."""
     files = []
-    for e in entries:
-        if e.name.startswith(".") or not e.name.lower().endswith(folder.IMAGE_EXTENSIONS):
+    for e in folder.visible_entries(directory, left_out, f"{prefix}{name}/"):  # hidden ones counted there
+        if not e.name.lower().endswith(folder.IMAGE_EXTENSIONS):
+            left_out.add(folder.shown_name(e, f"{prefix}{name}/{e.name}"), folder.not_an_image(e))
             continue
         try:
             st = e.stat()  # follows symlinks
@@ -168,7 +197,7 @@ def _class_files(directory: Path, name: str, label: int) -> tuple[list[SourceFil
         except OSError:  # a broken link or a loop: prepare_image names it, and --on-error decides
             size = mtime_ns = -1
         files.append(SourceFile(e.path, f"{name}/{e.name}", label, size, mtime_ns))
-    return files, len(entries) - len(files)
+    return files
 
 
 def fingerprint(files: list[SourceFile]) -> str:

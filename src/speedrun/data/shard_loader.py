@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from speedrun.data.loader import steps_for
-from speedrun.data.shards import Shards
+from speedrun.data.shards import Shards, repair_advice
 
 MAX_DECODE_SIDE_PX = 8192  # a shard's JPEG is prepared at <= 8192 px (data/prepare.py); larger is not ours
 RRC_TRIES = 10  # torchvision's RandomResizedCrop draws up to 10 boxes before it falls back to a central crop
@@ -73,28 +73,30 @@ def _opened(jpeg: bytes) -> Image.Image:
     return im
 
 
-def _unusable(where: str, e: Exception) -> ValueError:
+def _unusable(where: str, e: Exception, root: str | None) -> ValueError:
     # Pillow names its in-memory file in this one ("<_io.BytesIO object at 0x...>"): no help to anyone.
     why = "not a JPEG" if isinstance(e, UnidentifiedImageError) else " ".join(str(e).split())[:200]
-    return ValueError(f"{where} is not a usable JPEG ({why}); run speedrun data prepare again")
+    advice = repair_advice(root) if root is not None else "run speedrun data prepare again"
+    return ValueError(f"{where} is not a usable JPEG ({why}); {advice}")
 
 
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
-def header_size(jpeg: bytes, where: str) -> tuple[int, int]:
+def header_size(jpeg: bytes, where: str, root: str | None = None) -> tuple[int, int]:
     """(width, height) from the JPEG's header, checked as decode() checks it; the GPU path's workers call this
-    so that nvJPEG never sees a file the CPU path would refuse."""
+    so that nvJPEG never sees a file the CPU path would refuse. root: the prepared folder, whose repair the
+    error names."""
     try:
         with _opened(jpeg) as im:
             return im.size
     except _DECODE_ERRORS as e:
-        raise _unusable(where, e) from None
+        raise _unusable(where, e, root) from None
 
 
-def decode(jpeg: bytes, decode_px: int, where: str) -> tuple[np.ndarray, int, int]:
+def decode(jpeg: bytes, decode_px: int, where: str, root: str | None = None) -> tuple[np.ndarray, int, int]:
     """JPEG bytes -> (decode_px, decode_px, 3) uint8 and the image's own (width, height). The header is checked
-    before any pixel is decoded (format, size), and a failure names the sample."""
+    before any pixel is decoded (format, size), and a failure names the sample and how to repair `root`."""
     try:
         with _opened(jpeg) as im:
             w, h = im.size
@@ -104,7 +106,7 @@ def decode(jpeg: bytes, decode_px: int, where: str) -> tuple[np.ndarray, int, in
             out = rgb.resize((decode_px, decode_px), Image.Resampling.BILINEAR)
             return np.asarray(out, dtype=np.uint8), w, h
     except _DECODE_ERRORS as e:
-        raise _unusable(where, e) from None
+        raise _unusable(where, e, root) from None
 
 
 class ShardImages(torch.utils.data.Dataset):
@@ -134,15 +136,15 @@ class ShardImages(torch.utils.data.Dataset):
             blobs, sizes = [], torch.empty(len(indices), 2, dtype=torch.int64)
             for k, i in enumerate(indices):
                 data = shards.read(i)
-                sizes[k] = torch.tensor(header_size(data, f"sample {i} of {self.split} in "
-                                                          f"{self.root}"))
+                sizes[k] = torch.tensor(header_size(data, f"sample {i} of {self.split} in {self.root}",
+                                                    self.root))
                 blobs.append(torch.frombuffer(bytearray(data), dtype=torch.uint8))
             return blobs, self.labels[indices], sizes
         images = np.empty((len(indices), d, d, 3), dtype=np.uint8)
         sizes = np.empty((len(indices), 2), dtype=np.int64)
         for k, i in enumerate(indices):
             images[k], sizes[k, 0], sizes[k, 1] = decode(shards.read(i), d, f"sample {i} of "
-                                                         f"{self.split} in {self.root}")
+                                                         f"{self.split} in {self.root}", self.root)
         # (b, D, D, 3) -> (b, 3, D, D) as a view: the device copy makes it contiguous in whichever layout it needs
         return torch.from_numpy(images).permute(0, 3, 1, 2), self.labels[indices], torch.from_numpy(sizes)
 

@@ -16,8 +16,11 @@ The index is hostile like any file from elsewhere: loaded without pickle and che
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
+import json
 import os
+import shlex
 import stat
 import tarfile
 from collections.abc import Iterable
@@ -33,6 +36,21 @@ _MAX_HEADER_BYTES = 4096  # np.save writes 128 bytes for an (N, 4) int64 array
 
 def shard_name(split: str, number: int) -> str:
     return f"{split}-{number:05d}.tar"
+
+
+def _add_sample(tar: tarfile.TarFile, key: int, jpeg: bytes, label: int) -> int:
+    """Append sample `key` as KEY.jpg and KEY.cls; return the byte offset of the JPEG's data in the shard."""
+    info = tarfile.TarInfo(f"{key:09d}.jpg")
+    info.size = len(jpeg)
+    # The data follows its header at the archive's current end (TarInfo.offset_data is set only when reading); the
+    # header is what addfile writes, tobuf in the archive's format.
+    offset = tar.offset + len(info.tobuf(tar.format, tar.encoding, tar.errors))
+    tar.addfile(info, io.BytesIO(jpeg))
+    cls = str(label).encode("ascii")
+    info = tarfile.TarInfo(f"{key:09d}.cls")
+    info.size = len(cls)
+    tar.addfile(info, io.BytesIO(cls))
+    return offset
 
 
 def write_split(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, split: str,
@@ -52,19 +70,8 @@ def write_split(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, s
                 number, size = number + 1, 0
                 written.append(root / f".{shard_name(split, number)}.tmp")
                 tar = tarfile.open(written[-1], "w", format=tarfile.USTAR_FORMAT)
-            key = f"{len(rows):09d}"
-            info = tarfile.TarInfo(f"{key}.jpg")
-            info.size = len(jpeg)
-            # The data follows its header at the archive's current end (TarInfo.offset_data is set only when
-            # reading); the header is what addfile writes, tobuf in the archive's format.
-            offset = tar.offset + len(info.tobuf(tar.format, tar.encoding, tar.errors))
-            tar.addfile(info, io.BytesIO(jpeg))
-            rows.append((number, offset, len(jpeg), label))
-            cls = str(label).encode("ascii")
-            info = tarfile.TarInfo(f"{key}.cls")
-            info.size = len(cls)
-            tar.addfile(info, io.BytesIO(cls))
-            size += len(jpeg) + len(cls) + 2 * tarfile.BLOCKSIZE
+            rows.append((number, _add_sample(tar, len(rows), jpeg, label), len(jpeg), label))
+            size += len(jpeg) + len(str(label)) + 2 * tarfile.BLOCKSIZE
         if tar is not None:
             tar.close()
         index = np.array(rows, dtype=np.int64).reshape(-1, len(INDEX_COLUMNS))
@@ -81,6 +88,104 @@ def write_split(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, s
         raise
 
 
+def write_shard(samples: Iterable[tuple[bytes, int]], root: str | os.PathLike, split: str, number: int,
+                first_key: int) -> np.ndarray:
+    """One shard, `root/SPLIT-NNNNN.tar` numbered `number`, of every sample given, keyed from `first_key` on (its
+    position in the split): what write_split wrote there, for a repair. Returns its rows of the index, (n, 4)
+    int64. Written under a temporary name and renamed once whole."""
+    root = Path(root)
+    tmp, rows = root / f".{shard_name(split, number)}.tmp", []
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for jpeg, label in samples:
+                rows.append((number, _add_sample(tar, first_key + len(rows), jpeg, label), len(jpeg), label))
+        tmp.rename(root / shard_name(split, number))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return np.array(rows, dtype=np.int64).reshape(-1, len(INDEX_COLUMNS))
+
+
+def write_index(index: np.ndarray, root: str | os.PathLike, split: str) -> None:
+    """`root/SPLIT-index.npy`, written under a temporary name and renamed once whole."""
+    root = Path(root)
+    tmp = root / f".{split}-index.npy.tmp.npy"
+    try:
+        np.save(tmp, np.ascontiguousarray(index, dtype=np.int64), allow_pickle=False)
+        tmp.rename(root / f"{split}-index.npy")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a regular file, read 4 MiB at a time (hashlib releases the GIL on such blocks, so threads
+    hash several shards at once). Raises OSError for a missing file, a FIFO or a folder."""
+    h = hashlib.sha256()
+    with open(open_regular(Path(path)), "rb") as f:  # closes the descriptor
+        while block := f.read(4 * 2**20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_rows(root: str | os.PathLike, split: str, number: int) -> np.ndarray:
+    """Index rows rebuilt from shard `number`'s own tar headers, (n, 4) int64, for a split whose index is lost or
+    damaged while the shard is intact (its checksum matched): each KEY.jpg followed by its KEY.cls, as
+    write_split writes them. Raises ValueError for any other layout."""
+    path = Path(root) / shard_name(split, number)
+    rows = []
+    with open(open_regular(path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        members = iter(tar)
+        for jpg in members:
+            cls = next(members, None)
+            if not (jpg.isfile() and jpg.name.endswith(".jpg") and cls is not None and cls.isfile()
+                    and cls.name == jpg.name[:-4] + ".cls" and 0 < cls.size <= 20):
+                raise ValueError(f"{path} is not laid out as speedrun data prepare writes shards")
+            label = tar.extractfile(cls).read()
+            if not label.isdigit():
+                raise ValueError(f"{path}: {cls.name} holds no class number")
+            rows.append((number, jpg.offset_data, jpg.size, int(label)))
+    return np.array(rows, dtype=np.int64).reshape(-1, len(INDEX_COLUMNS))
+
+
+# What the manifest of a prepared folder (data/prepare_tree.py) and of imagenet-debug's synthetic shards say they
+# are: the advice for a damaged folder names the command that writes it again.
+PREPARED_FORMAT = "speedrun data prepare"
+SYNTHETIC_FORMAT = "speedrun synthetic shards"
+MANIFEST = "manifest.json"
+_MAX_ADVICE_MANIFEST_BYTES = 64 * 2**20
+
+
+def repair_advice(root: str | os.PathLike) -> str:
+    """What repairs a damaged prepared folder `root`: `speedrun data prepare SRC ROOT` again, SRC as its manifest
+    records it (prepare checks every shard against the checksum recorded when it was written and rewrites the
+    damaged ones); the synthetic shards are checked and rewritten by the command that uses them."""
+    root = Path(root)
+    recorded = None
+    try:
+        with open(open_regular(root / MANIFEST), "rb") as f:
+            data = f.read(_MAX_ADVICE_MANIFEST_BYTES + 1)
+        manifest = json.loads(data.decode("utf-8")) if len(data) <= _MAX_ADVICE_MANIFEST_BYTES else None
+    except (OSError, ValueError, RecursionError):  # no manifest, or not one of ours: the advice names SRC
+        manifest = None
+    if isinstance(manifest, dict) and manifest.get("format") == SYNTHETIC_FORMAT:
+        return (f"run the same command again: it checks the synthetic shards in {root} and writes damaged ones "
+                "again")
+    flags = ""
+    if isinstance(manifest, dict) and manifest.get("format") == PREPARED_FORMAT:
+        if isinstance(manifest.get("source"), str) and manifest["source"]:
+            recorded = manifest["source"]
+        settings = manifest.get("settings")
+        # The settings it was prepared with: without them the command would prepare everything again at the
+        # defaults.
+        if isinstance(settings, dict) and all(type(settings.get(k)) is int for k in ("max_side_px", "quality")):
+            flags = f" --max-side-px {settings['max_side_px']} --quality {settings['quality']}"
+    command = f"speedrun data prepare {shlex.quote(recorded or 'SRC')} {shlex.quote(str(root))}{flags}"
+    where = "" if recorded else ", SRC being the image folder it was prepared from"
+    return (f"run speedrun data prepare again (`{command}`{where}): it checks every shard against its checksum "
+            "and rewrites what is damaged")
+
+
 def open_regular(path: Path) -> int:
     """A read-only descriptor of a regular file: a FIFO (which would block open() and read() forever), a folder or
     a device named like our file is an OSError, never a hang."""
@@ -91,10 +196,10 @@ def open_regular(path: Path) -> int:
     return fd
 
 
-def _load_index(path: Path, where: str) -> np.ndarray:
+def load_index(path: Path, where: str) -> np.ndarray:
     """The (N, 4) int64 index in an .npy file, its header checked against the file's size before anything is
     allocated (np.load allocates what the header claims: 29 TiB for a 128-byte file), never unpickled."""
-    fix = "run speedrun data prepare again"
+    fix = repair_advice(path.parent)
     try:
         fd = open_regular(path)
     except OSError as e:
@@ -137,7 +242,7 @@ class Shards:
     def __init__(self, root: str | os.PathLike, split: str):
         self.root, self.split = Path(root), split
         where = str(self.root / f"{split}-index.npy")
-        index = _load_index(self.root / f"{split}-index.npy", where)
+        index = load_index(self.root / f"{split}-index.npy", where)
         shards = sorted(set(index[:, 0].tolist())) if len(index) else []
         sizes = {}  # each shard's size in bytes; -1 for one that is missing, not a regular file, or numbered < 0
         for number in shards:
@@ -149,8 +254,8 @@ class Shards:
         shard, offset, size, label = index[:, 0], index[:, 1], index[:, 2], index[:, 3]
         if len(index) and int(label.min()) < 0:
             i = int(np.argmax(label < 0))
-            raise ValueError(f"{where}: sample {i} has label {int(label[i])}, below 0; the index was changed; run "
-                             "speedrun data prepare again")
+            raise ValueError(f"{where}: sample {i} has label {int(label[i])}, below 0; the index was changed; "
+                             f"{repair_advice(self.root)}")
         limit = np.array([sizes.get(s, -1) for s in shard.tolist()], dtype=np.int64)
         # offset > limit - size, not offset + size > limit: int64 sums of numbers from a file can wrap around.
         bad = (offset < 0) | (size < 1) | (size > MAX_SAMPLE_BYTES) | (offset > limit - size)
@@ -158,7 +263,7 @@ class Shards:
             i = int(np.argmax(bad))
             raise ValueError(f"{where}: sample {i} points outside its shard ({shard_name(split, int(shard[i]))}, "
                              f"offset {int(offset[i])}, size {int(size[i])}; missing, not a file, or shorter); the "
-                             "shards or the index were changed or cut; run speedrun data prepare again")
+                             f"shards or the index were changed or cut; {repair_advice(self.root)}")
         self.index = index
         self._fds: dict[int, int] = {}
 
@@ -179,11 +284,11 @@ class Shards:
                 self._fds[number] = fd
             data = os.pread(fd, size, offset)
         except OSError as e:
-            raise ValueError(f"cannot read sample {i} from {shown} ({e.strerror or e}); run speedrun data prepare "
-                             "again") from None
+            raise ValueError(f"cannot read sample {i} from {shown} ({e.strerror or e}); "
+                             f"{repair_advice(self.root)}") from None
         if len(data) != size:
-            raise ValueError(f"{shard_name(self.split, number)} ended early at sample {i}; run speedrun "
-                             "data prepare again")
+            raise ValueError(f"{shard_name(self.split, number)} ended early at sample {i}; "
+                             f"{repair_advice(self.root)}")
         return data
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ import operator
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +25,7 @@ from speedrun.data.cache import cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.data.download import Remote, fetch
 from speedrun.errors import escaped_log, escaped_refusals, printable
-from speedrun.paths import data_root, user_path
+from speedrun.paths import data_root, make_folder, user_path
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
 SOURCES: dict[str, Remote] = {**cifar.REMOTES, **idx.REMOTES}
@@ -49,7 +49,8 @@ def load_dataset(
 ) -> Dataset:
     """Load a dataset by name (cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...]) or path.
 
-    A path may be an image folder (ROOT/{train,test}/<class>/<image>), a folder of CIFAR python batches,
+    A path may be an image folder (ROOT/{train,test}/<class>/<image>, or val/ for test/: the test split then comes
+    from val/, and describe() says so), a folder of CIFAR python batches,
     a cifar-*-python.tar.gz (or a folder holding one), or a folder of IDX files.
     data_dir: where a named dataset's raw files already are; looked at before downloading.
     cache_dir: downloads and caches go here; default $SPEEDRUN_DATA, else ~/.cache/speedrun.
@@ -84,7 +85,7 @@ def load_dataset(
         return _accept(_load_path(path, cache_root, log, image_size), str(path))
     raise ValueError(
         f"unknown dataset {text!r}: use one of {', '.join(SOURCES)}, synthetic or synthetic:key=val,..., "
-        f"or a path that exists (image folder with train/ and test/, CIFAR batches or .tar.gz, IDX files)"
+        f"or a path that exists (image folder with train/ and test/ or val/, CIFAR batches or .tar.gz, IDX files)"
     )
 
 
@@ -196,8 +197,12 @@ def _detect(path: Path) -> _Found:
             return _Found("archive", path, (path,))
         raise ValueError(f"{path} is a file but not a .tar.gz archive; pass a CIFAR archive or "
                          "a dataset folder")
-    if folder.is_image_folder(path):
-        return _Found("folder", path)
+    try:
+        if folder.is_image_folder(path):
+            return _Found("folder", path)
+        layout = None
+    except ValueError as e:  # train/ without test/ or val/, or with both: said unless another kind is here
+        layout = e
     batches = cifar.find_batches(path)
     if batches is not None:
         return _Found(batches[0], batches[1], tuple(cifar.source_files(*batches)))
@@ -207,8 +212,14 @@ def _detect(path: Path) -> _Found:
     files = idx.find_files(path)
     if files is not None:
         return _Found("idx", path, tuple(files.values()), tuple(files.items()))
+    if layout is not None:
+        raise layout
+    if any((path / name).is_file() for name in ("manifest.json", "train-index.npy", "val-index.npy")):
+        raise ValueError(f"{path} is a prepared shards folder (written by `speedrun data prepare`), which the "
+                         f"in-memory recipes do not read; use an imagenet-* recipe (e.g. `speedrun train "
+                         f"imagenet-resnet18 --dataset {path}`)")
     raise ValueError(
-        f"{path} holds no dataset: expected train/ and test/ class folders, CIFAR python "
+        f"{path} holds no dataset: expected train/ and test/ (or val/) class folders, CIFAR python "
         f"batches (data_batch_N + test_batch, or train + test + meta), a cifar-*-python.tar.gz, or IDX files"
     )
 
@@ -234,7 +245,8 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
     source_id = f"{name}@{found.path.resolve()}"
     shown = str(found.path)
     if found.kind == "folder":
-        class_names, splits = folder.list_images(found.path)
+        listing = folder.list_images(found.path)
+        class_names, splits = listing.classes, listing.splits
         content = folder.fingerprint(found.path, splits)
         if image_size is not None:  # its own cache file: switching sizes back and forth rebuilds neither
             source_id += f"@{image_size}px"
@@ -249,6 +261,11 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
             log(f"decoded {n} images in {time.perf_counter() - start:.1f} s")
             labels = [np.array([f.label for f in files], np.int64) for files in (train, test)]
             return _dataset(name, x[: len(train)], labels[0], x[len(train) :], labels[1], class_names)
+
+        # What the listing found is said each time, the cache's copy included: it holds only the pixels.
+        ds = cached(cache_path(cache_root, name, source_id, content), build, log, source=shown)
+        return replace(ds, test_from="" if listing.test_folder == "test" else f"{listing.test_folder}/",
+                       left_out=listing.left_out.text())
     else:
         content = fingerprint_files(found.files)
 
@@ -271,7 +288,8 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
 def _read_archive(archive: Path, cache_root: Path, log: Log, *, expect: str | None) -> tuple[str, tuple]:
     """Extract a CIFAR archive next to the downloads, read its batches, and delete the extracted copy."""
     scratch = cache_root / "downloads"
-    scratch.mkdir(parents=True, exist_ok=True)
+    make_folder(scratch, "the downloads folder", "remove or rename what is in the way, or set SPEEDRUN_DATA to "
+                "another folder")
     if expect is not None and expect not in cifar.ARCHIVE_NAMES:
         # Only CIFAR comes as an archive; a named IDX dataset reaching here is a caller's bug, not the user's.
         raise ValueError(f"{archive} is a CIFAR archive, but {expect} is read from IDX files; pass its folder")

@@ -365,8 +365,8 @@ def run_notes(*, smoke: bool, steps: int, batch_size: int, n_test: int, views: i
     set (views forward passes per image, plus the per-epoch table's single-view evaluations) is more work than
     training, as it is in short CPU runs, with the quicker path."""
     if smoke:
-        return [f"smoke test: {steps} step(s), {n_test} test images, no TTA: this checks that the pipeline runs; "
-                "its accuracy is not a result"]
+        return [f"smoke test: {steps} step(s) of {batch_size}, {n_test} test images, no TTA: this checks that the "
+                "pipeline runs; its accuracy is not a result"]
     eval_passes = n_test * views + n_test * table_evaluations
     train_passes = 3 * steps * batch_size  # a training step costs about three forward passes
     if eval_passes <= train_passes:

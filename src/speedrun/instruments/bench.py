@@ -21,7 +21,7 @@ from speedrun.config import check_int, field_types
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device, resolve_system
-from speedrun.errors import note_kept, print_line
+from speedrun.errors import note_kept, print_line, warn
 from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
@@ -229,10 +229,16 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
             report = portable(report)
             for result in report["results"]:
                 result["command"] = f"{report['command']}  # setting {result['command'][6:]}"
-                db.insert_result(conn, result)
-            stored = db.insert_result(conn, report)
-            write_json(path, report)
+            write_json(path, report)  # first: a database that cannot take the rows must not cost the report
             written = True
+            try:
+                for result in report["results"]:
+                    db.insert_result(conn, result)
+                stored = db.insert_result(conn, report)
+            except ValueError as e:  # db.UnusableDatabase: damaged, full, locked, read-only
+                stored = None
+                warn(f"the report was not stored in the results database ({e}); it is in {path}; "
+                     f"`speedrun results import {path}` adds it later")
         if interrupt is not None:
             note_kept(interrupt, len(report["order"]), path)
             raise interrupt

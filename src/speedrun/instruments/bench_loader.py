@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from speedrun.data import folder
+from speedrun.data import folder, limits
 from speedrun.data.prepare import list_source
 from speedrun.data.shard_loader import ShardLoader, device_decoder, random_resized_boxes
 from speedrun.data.shards import Shards
@@ -178,6 +178,14 @@ def measure(batches: Iterator, *, warmup: int, count: int, res: int, device: tor
     return {"images_per_s": images / seconds, "seconds": seconds, "images": images, "startup_s": startup}
 
 
+def batch_bytes(batch: int, workers: int, res: int, decode_px: int) -> int:
+    """Bytes the batches in flight take, at least: each worker holds its prefetched uint8 decode_px squares
+    (shard_loader's prefetch of 2 batches; the loading process one when there are no workers), and the batch on
+    the device is cropped and resized to float32 twice over (the crop, then the standardized copy)."""
+    in_flight = 2 * workers if workers else 1
+    return batch * 3 * (decode_px * decode_px * (in_flight + 1) + 2 * 4 * res * res)
+
+
 def bench_loader(root: str, *, split: str | None = None, workers: list[int], res: list[int], batch: int,
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
                  seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print_line) -> dict:
@@ -188,6 +196,9 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     for name, value, low, high in (("--batch", batch, 1, 4096), ("--batches", batches, 1, 100_000),
                                    ("--runs", runs, 1, 1000), ("--decode-px", decode_px, 8, 1024)):
         _check(name, value, low, high)
+    limits.check_memory(batch_bytes(batch, max(workers), max(res), decode_px),
+                        f"--batch {batch} at --res {max(res)} px with --decode-px {decode_px} and {max(workers)} "
+                        "worker(s)", "lower --batch, --res or --decode-px, or give fewer --workers")
     dev = resolve_device(device)
     on_device, note = device_decoder(decoder, dev)  # nvJPEG through TorchCodec on CUDA, else the Pillow workers
     if note:

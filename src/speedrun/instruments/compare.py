@@ -2,10 +2,11 @@
 
 A and B are stored results: a number (`#ID` from `speedrun results`) or a result JSON file. A is the baseline.
 For test accuracy and timed seconds, over the finished runs of each: mean ± std, B - A with its 95% Welch
-interval, Welch's two-sided p (scipy.stats through stats.py), and B / A with its 95% interval (delta method).
+interval, Welch's two-sided p (scipy.stats through stats.py), and B / A with its 95% interval (stats.ratio_ci95:
+the delta method on the log of the ratio, so the interval stays above 0).
 A claimed speedup needs its p: with fewer than two runs a side there is no spread, and the table says n/a rather
 than a number. Settings that make the two incomparable (recipe, dataset, device, a smoke test) are named above the
-table. The comparison is stored in the results database as a report.
+table. The comparison is stored in the results database as a report (where this process may write it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from speedrun.records import db
 from speedrun.records.result_file import load_result, portable
-from speedrun.records.stats import mean_diff_test, summarize
+from speedrun.records.stats import diff_ci95, mean_diff_test, summarize, welch_df, welch_t_test
 
 METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
 
@@ -48,7 +49,7 @@ def _values(result: dict, label: str, key: str) -> list[float]:
         if not isinstance(r, dict) or not isinstance(r.get("diverged"), (dict, type(None))):
             raise ValueError(f"{label}: run {i + 1} is not a run record (a dict whose 'diverged' is null or a "
                              "dict); give a result JSON of speedrun train")
-        if r["diverged"] is not None:
+        if r.get("diverged") is not None:  # no key: a result from before divergence was recorded, none diverged
             continue
         v = r.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
@@ -80,19 +81,23 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
         if len(xa) >= 2 and len(xb) >= 2:
             try:
                 entry["test"] = mean_diff_test(xb, xa)  # candidate B, baseline A
-            except ValueError:  # a baseline mean of 0: no ratio
-                entry["test"] = None
+            except ValueError:  # a mean of 0 (accuracies of a net that learned nothing): no ratio, the rest stands
+                diff, low, high = diff_ci95(xb, xa)
+                entry["test"] = {"diff": diff, "ci95": [low, high], "p": welch_t_test(xb, xa)[1],
+                                 "df": welch_df(xb, xa), "ratio": None, "ratio_ci95": None}
         metrics[key] = entry
     return {"benchmark": "compare", "a": labels[0], "b": labels[1], "caveats": caveats, "metrics": metrics,
             "environment": {"timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}}
 
 
-def compare_stored(a: str, b: str, *, db_path: str | None = None, command: str) -> tuple[dict, int]:
+def compare_stored(a: str, b: str, *, db_path: str | None = None, command: str) -> tuple[dict, int | None]:
     """B against baseline A, each a stored result's id or a result JSON (load_ref), and the comparison stored in
-    the results database at `db_path` as a report that records `command`: (the comparison, its id)."""
+    the results database at `db_path` as a report that records `command`: (the comparison, its id). A database
+    this process may not write (a read-only mount, another user's) is read all the same, and the id is None."""
 
-    with contextlib.closing(db.connect(db_path)) as conn:
+    conn, writable = db.connect_to_read(db_path)
+    with contextlib.closing(conn):
         (la, ra), (lb, rb) = load_ref(a, conn), load_ref(b, conn)
         report = compare(ra, rb, (la, lb))
-        stored = db.insert_result(conn, portable({**report, "command": command}))
+        stored = db.insert_result(conn, portable({**report, "command": command})) if writable else None
     return report, stored

@@ -60,4 +60,6 @@ def get_recipe(name: str) -> Recipe:
 
 
 def recipe_lines() -> list[str]:
-    return [f"{r.name:18s} {r.description}" for r in RECIPES.values()]
+    """One line per recipe, its description in a column past the longest name."""
+    width = max((len(name) for name in RECIPES), default=0)
+    return [f"{r.name:{width}s}  {r.description}" for r in RECIPES.values()]

@@ -14,6 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+from speedrun.errors import printable
 from speedrun.paths import user_path
 
 # (substring of torch.cuda.get_device_name(), USD per GPU-hour on demand, source). First match wins, so the more
@@ -63,7 +64,10 @@ def _table() -> list[tuple[str, float, str]]:
                          '{"H100": 2.49}, or unset it') from None
     if not isinstance(table, dict) or not all(isinstance(k, str) and k for k in table):
         raise ValueError(f"SPEEDRUN_PRICES={path}: expected a JSON object of device name -> dollars per hour")
-    return [(name, _check(v, f"SPEEDRUN_PRICES {name}"), f"SPEEDRUN_PRICES ({path})") for name, v in table.items()]
+    # the source is stored in every result (and shown from there): the path as errors.printable shows it, as a stored
+    # dataset name is; messages carry it as it is and are escaped where they are shown (cli/output.py)
+    source = f"SPEEDRUN_PRICES ({printable(path)})"
+    return [(name, _check(v, f"SPEEDRUN_PRICES {name}"), source) for name, v in table.items()]
 
 
 def price_for(device_name: str | None, per_hour: float | None = None) -> Price | None:

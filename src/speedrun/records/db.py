@@ -10,7 +10,9 @@ import functools
 import hashlib
 import json
 import os
+import shlex
 import sqlite3
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -68,8 +70,12 @@ CREATE TABLE reports (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, created_utc TE
 """,
 ]
 VERSION = len(MIGRATIONS)
-COLUMNS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "mean_accuracy", "std_accuracy",
+COLUMNS = ["id", "date", "kind", "recipe", "dataset", "device", "device_name", "n", "mean_accuracy", "std_accuracy",
            "mean_seconds", "std_seconds", "hit_rate", "cost", "command", "git_commit", "git_dirty"]
+# What stored a result (query's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is. The
+# instruments store each setting's runs with their own command line (bench.run_and_store); ablate's two searches
+# are told apart by their flag.
+KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune")
 Imported = NamedTuple("Imported", [("path", Path), ("id", "int | None"), ("error", "str | None"), ("new", bool)])
 
 
@@ -100,22 +106,123 @@ def _utc(text: str, what: str) -> str:
         raise ValueError(f"{what} {text!r:.80} is out of range") from None
 
 
+class UnusableDatabase(ValueError):
+    """The results database cannot be read or written (damaged, full, read-only, locked): one line naming the file
+    and the fix. A ValueError, as every refusal is: the CLI prints it and exits 2, and a training run that meets it
+    while storing its row keeps its result file."""
+
+
+def refusal(e: sqlite3.Error, name: str) -> UnusableDatabase:
+    """What SQLite's error `e` on the results database `name` means for the user, and what to do.
+
+    The file is never changed or removed here: a damaged database may still hold rows `.recover` can save."""
+    text = " ".join(str(e).split())
+    code = getattr(e, "sqlite_errorname", None) or ""  # Python 3.11+; the message decides on 3.10
+    if code.startswith("SQLITE_CORRUPT") or "malformed" in text:
+        return UnusableDatabase(
+            f"the results database {name} is damaged ({text}); it is left as it is: move it aside and run again "
+            f"(a new one is started), recover its rows with `sqlite3 {shlex.quote(name)} .recover | sqlite3 NEW.db`, "
+            f"or {_FIX}")
+    if code.startswith("SQLITE_NOTADB") or "not a database" in text:
+        return UnusableDatabase(f"{name} is not a SQLite database ({text}), so not a results database; it is left "
+                                f"as it is; {_FIX}")
+    if code.startswith("SQLITE_FULL") or "disk is full" in text:
+        return UnusableDatabase(f"the disk holding the results database {name} is full ({text}); free space and "
+                                f"run again, or {_FIX}")
+    if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return UnusableDatabase(f"the results database {name} stayed locked by another writer for "
+                                f"{BUSY_TIMEOUT_S:.0f} s; try again when it has finished")
+    if code.startswith("SQLITE_READONLY") or "readonly" in text:
+        return UnusableDatabase(f"cannot write to the results database {name} ({text}); {_FIX}, one this "
+                                "process may write")
+    if code.startswith("SQLITE_IOERR") or "I/O error" in text:
+        return UnusableDatabase(f"cannot read or write the results database {name} ({text}); check the disk, or "
+                                f"{_FIX}")
+    return UnusableDatabase(f"cannot use {name} as the results database ({text}); {_FIX}")
+
+
+def _engine_error(e: BaseException) -> bool:
+    """An error SQLite itself reported about the file (damaged, full, locked, read-only, I/O), not a misuse of the
+    API by this code (ProgrammingError, InterfaceError: bugs, which stay internal errors)."""
+    return isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.ProgrammingError)
+
+
+@contextlib.contextmanager
+def _refusals(name: str):
+    try:
+        yield
+    except sqlite3.Error as e:
+        if not _engine_error(e):
+            raise
+        raise refusal(e, name) from None
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose SQLite errors are refusals (`refusal`): a damaged page is met while rows are fetched, not only
+    when the statement starts, so every way to run a statement or take its rows is wrapped."""
+
+    def execute(self, *args):
+        with _refusals(self.connection.name):
+            return super().execute(*args)
+
+    def executemany(self, *args):
+        with _refusals(self.connection.name):
+            return super().executemany(*args)
+
+    def executescript(self, *args):
+        with _refusals(self.connection.name):
+            return super().executescript(*args)
+
+    def fetchone(self):
+        with _refusals(self.connection.name):
+            return super().fetchone()
+
+    def fetchmany(self, *args):
+        with _refusals(self.connection.name):
+            return super().fetchmany(*args)
+
+    def fetchall(self):
+        with _refusals(self.connection.name):
+            return super().fetchall()
+
+    def __next__(self):
+        with _refusals(self.connection.name):
+            return super().__next__()
+
+
+class Connection(sqlite3.Connection):
+    """The results database's connection (`connect`): `name`, the file as the user gave it, and every statement
+    run through _Cursor, so that whoever reads it (this module, the report's queries) meets a refusal naming the
+    file, never SQLite's bare error. sqlite3.Connection.execute makes its cursor without calling cursor(): the
+    three shortcuts are redone here."""
+
+    name = "the results database"
+
+    def cursor(self, factory=_Cursor):
+        return super().cursor(factory)
+
+    def execute(self, *args):
+        return self.cursor().execute(*args)
+
+    def executemany(self, *args):
+        return self.cursor().executemany(*args)
+
+    def executescript(self, *args):
+        return self.cursor().executescript(*args)
+
+
 @contextlib.contextmanager
 def _transaction(conn: sqlite3.Connection):
-    """Locks first, so it never fails midway as a reader turned writer (SQLITE_BUSY_SNAPSHOT in WAL mode)."""
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as e:  # another process held the lock over BUSY_TIMEOUT_S, or a read-only file
-        if "locked" in str(e):
-            raise ValueError(f"the results database stayed locked by another writer for {BUSY_TIMEOUT_S:.0f} s; "
-                             "try again when it has finished") from None
-        raise ValueError(f"cannot write to the results database ({e}); {_FIX}") from None
+    """Locks first, so it never fails midway as a reader turned writer (SQLITE_BUSY_SNAPSHOT in WAL mode). A lock
+    held past BUSY_TIMEOUT_S, a read-only file or a full disk is a refusal (Connection)."""
+    conn.execute("BEGIN IMMEDIATE")
     try:
         yield
         conn.execute("COMMIT")
     finally:
         if conn.in_transaction:  # an exception: undo, unless SQLite has already (disk full)
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(ValueError):  # the first error is the one to report
+                conn.execute("ROLLBACK")
 
 
 def _shape(conn: sqlite3.Connection) -> dict[str, list[str]]:
@@ -140,25 +247,112 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) -> sqlite3.Connection:
-    """The results database at `path` (default_db_path()), created if new, migrated; in autocommit mode.
+# The file types a database path may not be, as a refusal names them (os.stat's mode bits).
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
 
-    readonly: an existing database of the current version, opened for reading only (speedrun report): nothing is
-    created, migrated or switched to WAL, so a read-only file or one another user owns can be read."""
+
+def _database_path(path: str | os.PathLike | None) -> Path:
+    """The file `path` names (default_db_path() for None), refused before SQLite sees it when it exists and is not a
+    regular file: SQLite would create its journal beside a device (/dev/null-journal), block on a FIFO, or fail
+    later with a message that names nothing. A symlink is judged by what it points at, as SQLite opens that."""
     path = default_db_path() if path is None else user_path(path, "--db")
     name = str(path)
-    if path.is_dir():
-        raise ValueError(f"results database {name} is a directory; {_FIX}")
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # new (connect creates it), or a parent that is a file (says so)
+        return path
+    except (OSError, ValueError) as e:  # a symlink loop, a name too long, a folder we may not search, a NUL byte
+        raise ValueError(f"cannot use {name} as the results database ({getattr(e, 'strerror', None) or e}); "
+                         f"{_FIX}") from None
+    if not stat.S_ISREG(info.st_mode):
+        what = next((text for test, text in _NOT_FILES if test(info.st_mode)), "not a regular file")
+        raise ValueError(f"results database {name} is {what}, not a file; {_FIX}")
+    return path
+
+
+def _may_write(path: Path) -> bool:
+    """Whether this process may change the database file and create its -wal and -shm files beside it. os.access
+    asks the kernel, which counts a read-only mount (that stops root too) as well as the permissions."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _immutable_is_safe(path: Path) -> bool:
+    """Whether the database may be read with SQLite's immutable=1, when a read-only open could not start.
+
+    immutable=1 reads the file without locks and without looking at a write-ahead log, so it is right only while
+    nobody writes the database. A read-only open of a WAL database (speedrun's are) fails where the readers' shared
+    -shm file cannot be created, that is where this process may not write the folder: a read-only mount, another
+    user's folder. It is taken only there, and only with no -wal or -journal file beside the database: a writer
+    keeps its -wal while it has the database open, so none is at work, and no committed change waits in a log that
+    immutable would skip (showing old rows). What is left is a writer that starts during the read, possible only
+    where someone else may write that folder; on a read-only mount nobody can."""
+    return not os.access(path.parent, os.W_OK) and not any(
+        os.path.lexists(f"{path}{suffix}") for suffix in ("-wal", "-journal"))
+
+
+def _open_readonly(path: Path, name: str) -> Connection:
+    uri = path.absolute().as_uri()
+    conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                           factory=Connection)
+    try:  # the -shm a WAL database needs is opened at the first read: read once, with SQLite's own error
+        sqlite3.Connection.execute(conn, "SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        conn.close()
+        if not _engine_error(e):
+            raise
+        code = getattr(e, "sqlite_errorname", None) or ""
+        if not (code.startswith(("SQLITE_CANTOPEN", "SQLITE_READONLY")) or "unable to open" in str(e)):
+            raise refusal(e, name) from None
+        if not _immutable_is_safe(path):
+            if os.access(path.parent, os.W_OK):
+                raise refusal(e, name) from None
+            raise ValueError(f"cannot read the results database {name} here: this process may not write its folder, "
+                             f"and a -wal or -journal file beside it means a writer has it open or left changes in "
+                             f"that log; copy the database and that file to a writable folder and pass "
+                             f"--db COPY") from None
+        conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None, factory=Connection)
+    return conn
+
+
+def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) -> Connection:
+    """The results database at `path` (default_db_path()), created if new, migrated; in autocommit mode. Its
+    SQLite errors, whenever met, are refusals naming the file and the fix (UnusableDatabase, a ValueError).
+
+    readonly: an existing database of the current version, opened for reading only (speedrun report): nothing is
+    created, migrated or switched to WAL, so a read-only file or one another user owns can be read, and one on a
+    read-only mount or in a folder this process may not write (`_immutable_is_safe`)."""
+    return _connect(_database_path(path), readonly)
+
+
+def connect_to_read(path: str | os.PathLike | None = None) -> tuple[Connection, bool]:
+    """For a command that reads and may also write (`results` migrates an older database, `compare` stores its
+    report): connect() where this process may write the database and its folder (a new one is created), else a
+    read-only connection (readonly=True), so that a read-only mount or another user's database is read too:
+    (the connection, whether it may write)."""
+    path = _database_path(path)
+    if os.path.exists(path) and not _may_write(path):
+        return _connect(path, True), False
+    return _connect(path, False), True
+
+
+def _connect(path: Path, readonly: bool) -> Connection:
+    name = str(path)
     try:
         if readonly:
-            conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
-                                   isolation_level=None)
+            conn = _open_readonly(path, name)
         else:
+            if os.path.exists(path) and not _may_write(path):  # SQLite would open it read-only and fail later
+                raise UnusableDatabase(f"cannot write to the results database {name}: this process may not write "
+                                       f"it or its folder (a read-only mount, another user's file); {_FIX}, one "
+                                       "this process may write")
             path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=Connection)
     except (OSError, sqlite3.Error) as e:
         verb = "open" if readonly else "create"
         raise ValueError(f"cannot {verb} results database {name} ({getattr(e, 'strerror', 0) or e}); {_FIX}") from None
+    conn.name = name
     conn.text_factory = _text
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
@@ -183,11 +377,22 @@ def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) ->
         if readonly:
             if version == 0:
                 raise ValueError(f"{name} is an empty file, not a results database; {_FIX}")
+            if version != VERSION and not _may_write(path):
+                raise ValueError(f"results database {name} has schema version {version}, which a writing "
+                                 f"command migrates to {VERSION}, and this process may not write it; copy it to a "
+                                 "writable folder, run `speedrun results --db COPY` once, and give the copy with "
+                                 "--db COPY")
             if version != VERSION:
                 raise ValueError(f"results database {name} has schema version {version}; a writing command "
                                  f"migrates it to {VERSION} (e.g. speedrun results --db {name}), then run this again")
             return conn
         conn.create_function("speedrun_sha256", 1, lambda text: _sha256(json.loads(text)), deterministic=True)
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal" and tables:
+            # The switch to WAL below writes the file's header. A damaged file must leave as it came, so one that
+            # holds tables is checked whole first (once: the file stays in WAL mode, as speedrun makes its own).
+            problem = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise refusal(sqlite3.DatabaseError(f"database disk image is malformed: {problem}"), name)
         conn.execute("PRAGMA journal_mode = WAL")  # readers and the writer do not block each other
         conn.execute("PRAGMA foreign_keys = ON")
         while (version := conn.execute("PRAGMA user_version").fetchone()[0]) != VERSION:
@@ -204,8 +409,8 @@ def connect(path: str | os.PathLike | None = None, *, readonly: bool = False) ->
                 conn.execute(f"PRAGMA user_version = {version + 1}")
     except BaseException as e:
         conn.close()
-        if isinstance(e, sqlite3.DatabaseError):  # "file is not a database", a read-only file, a failed migration
-            raise ValueError(f"cannot use {name} as the results database ({e}); {_FIX}") from None
+        if _engine_error(e):  # from a call that is not one of Connection's statements
+            raise refusal(e, name) from None
         raise
     return conn
 
@@ -287,11 +492,34 @@ def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, s
                "created_utc <= ?": [None if until is None else _utc(until, "--until")],
                "instr(command, ?) > 0": [command]}
     active = {clause: values for clause, values in filters.items() if values[0] is not None}
-    sql = (f"SELECT {', '.join(COLUMNS).replace('date', 'created_utc')} FROM results"
+    stored = [column for column in COLUMNS if column != "kind"]
+    # smoke_test read only from valid JSON: json_extract fails the whole query on one row that is not
+    sql = (f"SELECT {', '.join(stored).replace('date', 'created_utc')}, CASE WHEN json_valid(json) THEN "
+           "json_extract(json, '$.smoke_test') END FROM results"
            + "".join((" AND " if i else " WHERE ") + clause for i, clause in enumerate(active))
            + " ORDER BY created_utc DESC, id DESC" + ("" if limit is None else f" LIMIT {limit}"))
-    return [dict(zip(COLUMNS, row), git_dirty=None if row[-1] is None else bool(row[-1]))
-            for row in conn.execute(sql, [v for values in active.values() for v in values])]
+    rows = []
+    for *values, smoke in conn.execute(sql, [v for values in active.values() for v in values]):
+        row = dict(zip(stored, values))
+        row.update(kind=result_kind(row["command"], smoke == 1), git_dirty=None if row["git_dirty"] is None
+                   else bool(row["git_dirty"]))
+        rows.append({column: row[column] for column in COLUMNS})
+    return rows
+
+
+def result_kind(command: str | None, smoke: bool) -> str:
+    """One of KINDS for a stored result: "smoke" for `train --smoke`, the instrument's name for the runs of one of
+    its settings (its first word that names one: `speedrun bench ...  # setting x=1`, `torchrun ... -m speedrun
+    ablate --to-target ...`), else "train" (a train command, the Python API's result with no command, a file from
+    a script)."""
+    if smoke:
+        return "smoke"
+    words = (command or "").split("  # setting ")[0].split()
+    kind = next((word for word in words if word in ("train", "bench", "ablate", "tune")), "train")
+    if kind == "ablate":
+        return "to-target" if "--to-target" in words else "waterfall" if any(
+            w == "--waterfall" or w.startswith("--waterfall=") for w in words) else "ablate"
+    return kind
 
 
 def query_reports(conn: sqlite3.Connection, kind: str | None = None) -> list[dict]:
@@ -318,6 +546,10 @@ def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
         try:
             new_id, new = _store(conn, load_result(path), os.path.abspath(path))
             done.append(Imported(path, new_id, None, new))
-        except (ValueError, OSError, RecursionError, sqlite3.Error) as e:  # OSError: in the system's words
+        except UnusableDatabase as e:  # the database's fault, not the file's: every file after it would fail alike
+            before = sum(entry.error is None for entry in done)
+            raise UnusableDatabase(f"{e}; {path} and the files after it were not imported"
+                                   + (f" (the {before} file(s) before it were)" if before else "")) from None
+        except (ValueError, OSError, RecursionError) as e:  # OSError: in the system's words
             done.append(Imported(path, None, (getattr(e, "strerror", 0) or str(e)).removeprefix(f"{path}: "), False))
     return done

@@ -28,7 +28,9 @@ def _run(args: list[str]) -> str | None:
 
 
 def git_state(directory: Path) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git work tree holding `directory`, or (None, None) outside one."""
+    """(commit, dirty) of the git work tree holding `directory`, or (None, None) outside one. Dirty: a tracked file
+    differs from the commit (staged or not). Untracked files (a report, a saved model, results written into the
+    checkout) do not change the code that ran, so they leave it clean."""
     # An installed copy (pip install .) has no history of its own, but git would walk up from site-packages and
     # report whatever repository encloses the virtualenv, e.g. the user's project: that commit is not ours.
     if any(part in ("site-packages", "dist-packages") for part in directory.parts):
@@ -36,7 +38,7 @@ def git_state(directory: Path) -> tuple[str | None, bool | None]:
     head = _run(["git", "-C", str(directory), "rev-parse", "HEAD"])
     if head is None or not head.strip():
         return None, None
-    status = _run(["git", "-C", str(directory), "status", "--porcelain"])
+    status = _run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"])
     return head.strip(), (None if status is None else bool(status.strip()))
 
 

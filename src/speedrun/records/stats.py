@@ -4,7 +4,7 @@ their text forms in tables (mean_std_text, interval_text, ratio_text).
 The Student-t distribution comes from scipy.stats (a library that is kept up, not hand-written special
 functions); it takes fractional degrees of freedom, as Welch's test needs. What stays here is what scipy does not
 decide for us: input checks whose messages say the fix, moments summed with math.fsum, the conventions for n = 1
-and for zero variance, and the delta-method interval of a ratio of means.
+and for zero variance, and the interval of a ratio of means (the delta method on its log).
 """
 
 from __future__ import annotations
@@ -137,26 +137,31 @@ def diff_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, flo
 
 
 def ratio_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """(R, low, high) for R = mean(a) / mean(b), e.g. time ours / time airbench, with a 95% delta-method CI.
+    """(R, low, high) for R = mean(a) / mean(b), e.g. time ours / time airbench, with a 95% CI that stays above 0.
 
-    Method: for independent samples the first-order Taylor expansion of R = A / B around the means gives
-        Var(R) ~ va / (na mb^2) + ma^2 vb / (nb mb^4)
-    (the two terms are the contributions of a and of b). The interval is R +- t_0.975(df) * sqrt(Var(R)), with df
-    from Welch-Satterthwaite applied to those two terms, so it reduces to the t-interval of mean(a) / mb when b
-    has no noise. The delta method assumes mean(b) is well away from 0 (coefficient of variation of mean(b) small),
-    which holds for wall-clock times; the interval is symmetric, so it is not the Fieller interval.
+    Method: the delta method on the log of the ratio, as for the "ratio of means" of Friedrich, Adhikari &
+    Beyene (2008, BMC Medical Research Methodology 8:32). For independent samples, the first-order Taylor expansion
+    of log R = log mean(a) - log mean(b) gives
+        Var(log R) ~ va / (na ma^2) + vb / (nb mb^2)
+    (the squared coefficients of variation of the two means). The interval is exp(log R +- t_0.975(df) *
+    sqrt(Var(log R))), df from Welch-Satterthwaite applied to those two terms: R times and divided by one factor,
+    so 0 < low <= R <= high, whereas R +- t * se(R) (the delta method on R itself) reaches below 0 for noisy
+    times. When b has no noise it is the t-interval of mean(a) on the log scale. Times and accuracies are
+    positive: a mean <= 0 has no log, and is refused (ValueError; callers show n/a).
     """
     na, ma, va = _mean_var(a, "ratio_ci95(a)", 2)
     nb, mb, vb = _mean_var(b, "ratio_ci95(b)", 2)
-    if mb == 0.0:
-        raise ValueError("ratio_ci95: mean(b) is 0, the ratio is undefined; put the nonzero baseline in b")
+    for name, mean in (("b", mb), ("a", ma)):
+        if not mean > 0.0:
+            raise ValueError(f"ratio_ci95: mean({name}) is {mean:g}; a ratio of times or accuracies needs two "
+                             "positive means")
     r = ma / mb
-    term_a = va / (na * mb**2)
-    term_b = ma**2 * vb / (nb * mb**4)
+    term_a = va / (na * ma**2)
+    term_b = vb / (nb * mb**2)
     if term_a + term_b == 0.0:
         return r, r, r
     half = t_quantile(0.975, _satterthwaite(term_a, term_b, na, nb)) * math.sqrt(term_a + term_b)
-    return r, r - half, r + half
+    return r, r * math.exp(-half), r * math.exp(half)
 
 
 def mean_diff_test(a: Sequence[float], b: Sequence[float]) -> dict:
@@ -165,10 +170,10 @@ def mean_diff_test(a: Sequence[float], b: Sequence[float]) -> dict:
 
         {"diff": mean(a) - mean(b), "ci95": [low, high],   the Welch 95% interval of the difference
          "p": two-sided Welch p,    "df": Welch-Satterthwaite df (None when both samples have zero variance),
-         "ratio": mean(a) / mean(b), "ratio_ci95": [low, high]}   the delta-method 95% interval
+         "ratio": mean(a) / mean(b), "ratio_ci95": [low, high]}   the 95% interval of ratio_ci95 (> 0)
 
     Plain floats, lists and None, so it goes into a result JSON as is. Needs 2+ finite values on each side and
-    mean(b) != 0 (ValueError otherwise).
+    two positive means (ValueError otherwise).
     """
     diff, low, high = diff_ci95(a, b)
     _, p = welch_t_test(a, b)
@@ -195,6 +200,8 @@ def interval_text(value: float, interval: list[float], scale: float = 1.0) -> st
 
 
 def ratio_text(test: dict) -> str:
-    """"0.812 (0.802 .. 0.822)": mean_diff_test's ratio and its 95% interval."""
+    """"0.812 (0.802 .. 0.822)": mean_diff_test's ratio and its 95% interval; "n/a" where a mean <= 0 left none."""
+    if test.get("ratio") is None or test.get("ratio_ci95") is None:
+        return "n/a"
     low, high = test["ratio_ci95"]
     return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"

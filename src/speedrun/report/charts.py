@@ -3,6 +3,9 @@
 matplotlib's object API (Figure + the Agg canvas), never pyplot: no global figure state, no GUI backend, nothing
 left open between charts. Every label comes from a database that may hold anything, so each "$" is escaped (two of
 them in a recipe name would otherwise be parsed as TeX, which can fail to draw) and labels are cut to a length.
+
+Every chart carries information or is not drawn: each function returns None for data that would draw nothing worth
+a look (a learning "curve" of one point, a comparison of one setting, empty axes), and the page leaves it out.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ def _figure(height_in: float):
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ValueError("speedrun report draws its charts with matplotlib, which is not installed; "
-                         "pip install 'speedrun[report]' (or pip install matplotlib)") from None
+        raise ValueError("speedrun report draws its charts with matplotlib, a dependency of speedrun that is not "
+                         "installed here; pip install matplotlib (or reinstall speedrun: pip install -e .)") from None
     return Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
 
 
@@ -36,10 +39,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> bytes:
+def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> bytes | None:
     """One point per stored result: mean timed seconds (log x) against mean test accuracy (%), ± one std as
     error bars, a colour per recipe; a dashed line at each target. points: recipe, seconds, std_seconds,
-    accuracy, std_accuracy (fractions)."""
+    accuracy, std_accuracy (fractions). None without a point."""
+    if not points:
+        return None
     fig = _figure(4.2)
     ax = fig.add_subplot()
     recipes = sorted({p["recipe"] for p in points})
@@ -75,8 +80,17 @@ def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> by
     return _png(fig)
 
 
-def learning_curves(title: str, curves: list[dict]) -> bytes:
-    """Test accuracy (%) after each epoch, the mean over a result's runs. curves: label, epochs, accuracy."""
+def carries_curve(curve: dict) -> bool:
+    """A curve has points at two epochs or more: a run evaluated only at its end (eval_each_epoch off) has one."""
+    return len(set(curve["epochs"])) >= 2
+
+
+def learning_curves(title: str, curves: list[dict]) -> bytes | None:
+    """Test accuracy (%) after each epoch, the mean over a result's runs. curves: label, epochs, accuracy. The
+    curves of one point are left out; None when none is left."""
+    curves = [curve for curve in curves if carries_curve(curve)]
+    if not curves:
+        return None
     fig = _figure(4.0)
     ax = fig.add_subplot()
     for i, curve in enumerate(curves):
@@ -90,9 +104,11 @@ def learning_curves(title: str, curves: list[dict]) -> bytes:
     return _png(fig)
 
 
-def ablation_bars(title: str, rows: list[dict]) -> bytes:
+def ablation_bars(title: str, rows: list[dict]) -> bytes | None:
     """What each trick buys: baseline minus trick-off, in accuracy points, with its 95% interval; dark bars have
-    p < 0.05. rows: trick, gain, low, high (fractions; low <= gain <= high, or both None), p."""
+    p < 0.05. rows: trick, gain, low, high (fractions; low <= gain <= high, or both None), p. None without a row."""
+    if not rows:
+        return None
     fig = _figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]  # the first row (largest gain) on top
@@ -110,9 +126,12 @@ def ablation_bars(title: str, rows: list[dict]) -> bytes:
     return _png(fig)
 
 
-def waterfall(title: str, steps: list[dict]) -> bytes:
+def waterfall(title: str, steps: list[dict]) -> bytes | None:
     """The cumulative story: each bar runs from the row before's mean accuracy to this row's (green up, red down);
-    the first bar starts at zero. steps: label, accuracy (fraction), std (fraction or None)."""
+    the first bar starts at zero. steps: label, accuracy (fraction), std (fraction or None). None for fewer than two
+    steps (a start alone tells no story)."""
+    if len(steps) < 2:
+        return None
     fig = _figure(4.0)
     ax = fig.add_subplot()
     previous = None
@@ -135,9 +154,11 @@ def waterfall(title: str, steps: list[dict]) -> bytes:
     return _png(fig)
 
 
-def epochs_bars(title: str, rows: list[dict]) -> bytes:
+def epochs_bars(title: str, rows: list[dict]) -> bytes | None:
     """--to-target: the epochs each variant needed to reach the target (blue); grey bars did not reach it at the
-    most epochs tried, white ones are searches cut short. rows: name, epochs, status."""
+    most epochs tried, white ones are searches cut short. rows: name, epochs, status. None without a row."""
+    if not rows:
+        return None
     fig = _figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]
@@ -150,6 +171,55 @@ def epochs_bars(title: str, rows: list[dict]) -> bytes:
     ax.set_xlabel("epochs to the target (grey: not reached at the most epochs tried; white: search cut short)")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+SETTING_PANELS = {"accuracy": ("test accuracy, %", 100.0), "seconds": ("timed seconds per run", 1.0)}
+
+
+def settings_panels(rows: list[dict], accuracy: bool = True) -> list[str]:
+    """The panels of settings() that compare something: a measure that two settings or more have. accuracy=False
+    (synthetic data: random labels, chance accuracy) leaves accuracy out."""
+    return [key for key in SETTING_PANELS if (accuracy or key != "accuracy")
+            and sum(row[key] is not None for row in rows) >= 2]
+
+
+def settings(title: str, rows: list[dict], accuracy: bool = True) -> bytes | None:
+    """A bench (or ablate) report's settings side by side: per setting its mean test accuracy (%) and mean timed
+    seconds, with the 95% interval of the mean as error bars (none for one run); the baseline red, with a dashed
+    line at its mean. rows: label, baseline (bool), accuracy and seconds each (mean, low, high) or None (low and
+    high None for one run). A panel only for a measure that two settings have (settings_panels); None without one."""
+    panels = settings_panels(rows, accuracy)
+    if not panels:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure(1.1 + 0.32 * len(rows))
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    y = list(range(len(rows)))[::-1]  # the baseline (the first row) on top
+    for ax, key in zip(axes, panels):
+        label, scale = SETTING_PANELS[key]
+        shown = []
+        for yi, row in zip(y, rows):
+            if row[key] is None:
+                continue
+            mean, low, high = (None if v is None else scale * v for v in row[key])
+            err = None if low is None else [[mean - low], [high - mean]]
+            ax.errorbar([mean], [yi], xerr=err, fmt="o", capsize=3, color="#d62728" if row["baseline"] else "#1f77b4")
+            shown += [mean] + ([low, high] if low is not None else [])
+            if row["baseline"]:
+                ax.axvline(mean, color="#d62728", linestyle="--", linewidth=1, alpha=0.6)
+        # an interval of two runs can be far wider than the data: the axis keeps to what a value can be (accuracy
+        # 0-100%, seconds from 0), and an error bar beyond it runs off the edge
+        span = max(shown) - min(shown) or abs(max(shown)) or 1.0
+        low_end, high_end = min(shown) - 0.08 * span, max(shown) + 0.08 * span
+        ax.set_xlim(max(low_end, 0.0), min(high_end, 100.0) if key == "accuracy" else high_end)
+        ax.xaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 2.5, 5, 10]))
+        ax.set_xlabel(f"{label}, mean and 95% CI")
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(y, [_label(r["label"]) for r in rows], fontsize=8)
+    axes[0].set_ylim(-0.6, len(rows) - 0.4)
+    fig.suptitle(_label(title, TITLE_CHARS), fontsize=10)
     return _png(fig)
 
 

@@ -22,9 +22,12 @@ td.num{text-align:right;white-space:nowrap}code{font-size:11.5px;word-break:brea
 img.chart{display:block;max-width:100%;margin:8px 0 20px;border:1px solid #eee}.note{color:#555}"""
 
 
-def _img(kind: str, png: bytes, alt: str) -> str:
-    return (f'<img class="chart" data-chart="{escape(kind)}" alt="{escape(alt)}" '
-            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">')
+def _img(kind: str, png: bytes | None, alt: str) -> list[str]:
+    """The chart as an <img>, or nothing where charts.py drew none (its data carry no information)."""
+    if png is None:
+        return []
+    return [f'<img class="chart" data-chart="{escape(kind)}" alt="{escape(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">']
 
 
 def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
@@ -42,7 +45,8 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
     out = ['<h2 id="leaderboard">Leaderboards</h2>',
            '<p class="note">Per dataset, recipe family and target accuracy, complete results only: results whose '
            'mean accuracy reaches the target, fastest mean timed region first, then the rest, most accurate first. '
-           'Cost: US dollars per timed run at the price the result carries (none for a device without a price).</p>']
+           'Results on synthetic data are not ranked here: they measure speed only (their own section). Cost: US '
+           'dollars per timed run at the price the result carries (none for a device without a price).</p>']
     for board in boards:
         target = rep.NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
         rows = board["rows"][:rep.ROWS_PER_BOARD]
@@ -67,56 +71,120 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
     return out
 
 
+SYNTHETIC_NOTE = "synthetic data (random images and labels: nothing is learnable, accuracy is chance level)"
+NO_CURVE_NOTE = ("a result evaluated only at the end of training has one point a run, no curve; train with "
+                 "<code>--set eval_each_epoch=true</code> to evaluate after every epoch (untimed)")
+
+
+def _speed_boards(boards: list[dict]) -> list[str]:
+    """The results on synthetic data: their times, fastest first, and no accuracy (it is chance there)."""
+    out = ['<h2 id="speed">Speed only (synthetic data)</h2>',
+           f'<p class="note">Results on {SYNTHETIC_NOTE} measure speed only, so they are kept off the leaderboards '
+           'and the accuracy charts: per dataset and recipe family, fastest mean timed region first.</p>']
+    for board in boards:
+        rows = board["rows"][:rep.ROWS_PER_BOARD]
+        out.append(f"<h3>{escape(rep.board_name(board))}</h3>")
+        cells = [[_num(str(i + 1)), escape(rep.clip_text(r["recipe"], 60)),
+                  escape(rep.clip_text(r["device_name"] or r["device"], 60)),
+                  _num(rep.pm_text(r["seconds"], r["std_seconds"])),
+                  _num("-" if r["cost"] is None else f"${r['cost']:.4f}"), _num(str(r["n"])),
+                  escape(r["date"][:10]), f"<code>{escape(rep.clip_text(r['command'], 1000))}</code>",
+                  f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'] for i, r in enumerate(rows)]
+        out.append(_table(["#", "recipe", "device", "timed s", "cost/run", "n", "date", "command", "fingerprint"],
+                          cells))
+        if len(board["rows"]) > len(rows):
+            out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
+        if board.get("more"):
+            out.append(f'<p class="note">{board["more"]} more board(s) not shown (`speedrun results` lists '
+                       'every result).</p>')
+    return out
+
+
 def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
     out = ['<h2 id="accuracy-time">Accuracy against time</h2>']
     curves_html = ['<h2 id="curves">Learning curves</h2>',
                    '<p class="note">Test accuracy after each epoch, the mean over a result\'s runs (results that '
                    'evaluated every epoch; the first rows of each leaderboard).</p>']
+    no_curve = []  # the datasets whose results have no curve to draw
     by_data: dict[str, list[dict]] = {}  # per dataset and family, as the leaderboards
     for board in boards:
         by_data.setdefault(rep.board_name(board), []).append(board)
     for name, group in by_data.items():
         rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
-        if rows:
-            points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"],
-                       "std_seconds": r["std_seconds"], "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]}
-                      for r in rows]
-            out.append(_img("accuracy-vs-time", charts.accuracy_vs_time(
-                f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
-                f"accuracy against time on {name}"))
+        points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
+                   "accuracy": r["accuracy"], "std_accuracy": r["std_accuracy"]} for r in rows]
+        out += _img("accuracy-vs-time", charts.accuracy_vs_time(
+            f"{name}: accuracy against timed seconds", points, [b["target"] for b in group if b["target"]]),
+            f"accuracy against time on {name}")
         curves = rep.accuracy_curves(conn, [r for board in group for r in board["rows"][:rep.CURVES_PER_CHART]])
-        if curves:
-            curves_html.append(_img("learning-curves", charts.learning_curves(f"{name}: test accuracy per epoch",
-                                                                              curves), f"learning curves on {name}"))
+        drawn = _img("learning-curves", charts.learning_curves(f"{name}: test accuracy per epoch", curves),
+                     f"learning curves on {name}")
+        curves_html += drawn
+        if not drawn:
+            no_curve.append(name)
+    if len(out) == 1:
+        out.append('<p class="note">No result on real data is stored yet.</p>')
+    if no_curve:
+        which = "No learning curve is shown" if len(no_curve) == len(by_data) else \
+            f"No learning curve is shown for {escape(', '.join(no_curve))}"
+        curves_html.append(f'<p class="note">{which}: {NO_CURVE_NOTE}.</p>')
+    elif not by_data:
+        curves_html.append('<p class="note">No result on real data is stored yet.</p>')
     return out + curves_html
 
 
+def _settings(report: dict, title: str, synthetic: bool) -> list[str]:
+    """A bench or ablate report's settings side by side: the chart (accuracy and time, mean and 95% CI; time only
+    on synthetic data) and the table against the baseline."""
+    rows = rep.setting_rows(report)
+    out = _img("settings", charts.settings(title, rows, accuracy=not synthetic), title)
+    header = ["setting", "n", "timed s (95% CI)", "time ratio to baseline (95% CI)"]
+    cells = [[escape(r["label"]),
+              _num("-" if r["n"] is None else str(int(r["n"]))), _num(rep.summary_text(r["seconds"])),
+              _num(rep.ratio_text(r))] for r in rows]
+    if not synthetic:
+        header[2:2] = ["test acc % (95% CI)", "Δ acc to baseline, points (95% CI)", "p"]
+        for r, row_cells in zip(rows, cells):
+            row_cells[2:2] = [_num(rep.summary_text(r["accuracy"], 100)), _num(rep.ci_text(r)),
+                              _num(rep.p_text(r["p"]))]
+    return out + [_table(header, cells)] if rows else out
+
+
 def _ablations(conn: sqlite3.Connection) -> list[str]:
-    out = ['<h2 id="ablation">Ablations and waterfalls</h2>',
-           '<p class="note">The newest report of each kind per recipe, dataset and device.</p>']
-    for report in rep.newest_reports(conn, ("ablate", "waterfall", "to_target", "tune")):
+    out = ['<h2 id="ablation">Benchmarks: bench, ablations and waterfalls</h2>',
+           '<p class="note">The newest report of each kind per recipe, dataset and device (of `speedrun bench`, per '
+           'set of settings compared). Intervals are 95% confidence intervals of the mean; "-" where a side has '
+           f'fewer than two runs. On {SYNTHETIC_NOTE}, only the times of the settings are charted.</p>']
+    for report in rep.newest_reports(conn, ("bench", "ablate", "waterfall", "to_target", "tune")):
         kind = report.get("benchmark")
-        prov = escape(rep.provenance(report))
-        if kind == "ablate" and (rows := rep.ablation_rows(report)):
+        synthetic = rep.is_synthetic(report.get("dataset"))
+        prov = escape(rep.provenance(report)) + ("; synthetic data: accuracy is chance level here" if synthetic
+                                                 else "")
+        if kind == "bench" and rep.setting_rows(report):
+            title = rep.report_title(report, "settings side by side")
+            out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
+                    *_settings(report, title, synthetic)]
+        elif kind == "ablate" and (rows := rep.ablation_rows(report)):
             title = rep.report_title(report, "what each trick buys")
             base = escape(rep.baseline_text(report) or "n/a")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}; the baseline (the recipe): {base}</p>',
-                    _img("ablation", charts.ablation_bars(title, rows), title),
+                    *_img("ablation", charts.ablation_bars(title, rows), title),
                     _table(["trick", "off value", "gain, points (95% CI)", "p", "time off/on", "what"],
                            [[escape(r["trick"]), escape(r["off"]), _num(rep.ci_text(r)), _num(rep.p_text(r["p"])),
                              _num("-" if r["ratio"] is None else f"{r['ratio']:.3f}"), escape(r["what"])]
-                            for r in rows])]
+                            for r in rows]),
+                    *_settings(report, rep.report_title(report, "each trick off, side by side"), synthetic)]
         elif kind == "waterfall" and (rows := rep.waterfall_rows(report)):
             title = rep.report_title(report, "tricks added one at a time")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
-                    _img("waterfall", charts.waterfall(title, rows), title),
+                    *_img("waterfall", charts.waterfall(title, rows), title),
                     _table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
                            [[escape(r["label"]), _num(rep.pm_text(r["accuracy"], r["std"], 100)), _num(rep.ci_text(r)),
                              _num(rep.p_text(r["p"])), _num(rep.pm_text(r["seconds"], None))] for r in rows])]
         elif kind == "to_target" and (rows := rep.target_rows(report)):
             title = rep.report_title(report, "epochs to the target")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
-                    _img("to-target", charts.epochs_bars(title, rows), title),
+                    *_img("to-target", charts.epochs_bars(title, rows), title),
                     _table(["variant", "epochs", "to the target", "timed s there", "probes"],
                            [[escape(r["name"]), _num(f"{r['epochs']:.3g}"), r["status"],
                              _num(rep.pm_text(r["seconds"], None)), _num(str(r["probes"]))] for r in rows])]
@@ -129,7 +197,8 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
                              _num("-" if r["n"] is None else str(int(r["n"]))), _num(rep.ratio_text(r)),
                              _num(rep.p_text(r["p"])), _num(rep.ci_text(r)) if r["changes_numbers"] else
                              "(same numbers)", escape(r["verdict"])] for r in rows])]
-    return out if len(out) > 2 else out[:1] + ['<p class="note">No ablation is stored yet (`speedrun ablate`).</p>']
+    return out if len(out) > 2 else out[:1] + ['<p class="note">No bench or ablation report is stored yet '
+                                               '(`speedrun bench`, `speedrun ablate`).</p>']
 
 
 def _reports(conn: sqlite3.Connection) -> list[str]:
@@ -142,17 +211,20 @@ def _reports(conn: sqlite3.Connection) -> list[str]:
 
 
 def page(conn: sqlite3.Connection) -> str:
-    boards = rep.leaderboards(conn)
+    boards, speed = rep.leaderboards(conn), rep.leaderboards(conn, synthetic=True)
     results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = ["<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
             f'{results} stored result(s) and {reports} report(s). Nothing on this page loads from the network.</p>',
-            '<p><a href="#leaderboard">leaderboards</a> · <a href="#accuracy-time">accuracy against time</a> · '
-            '<a href="#curves">learning curves</a> · <a href="#ablation">ablations</a> · '
-            '<a href="#reports">reports</a></p>']
-    body += _leaderboards(conn, boards) if boards else ['<h2 id="leaderboard">Leaderboards</h2>',
-                                                         '<p class="note">No result is stored yet.</p>']
-    body += _charts_per_dataset(conn, boards) + _ablations(conn) + _reports(conn)
+            '<p><a href="#leaderboard">leaderboards</a> · '
+            + ('<a href="#speed">speed only (synthetic data)</a> · ' if speed else '')
+            + '<a href="#accuracy-time">accuracy against time</a> · <a href="#curves">learning curves</a> · '
+            '<a href="#ablation">bench and ablations</a> · <a href="#reports">reports</a></p>']
+    body += _leaderboards(conn, boards) if boards else ['<h2 id="leaderboard">Leaderboards</h2>', '<p class="note">'
+                                                         + ('No result on real data' if speed else 'No result')
+                                                         + ' is stored yet.</p>']
+    body += (_speed_boards(speed) if speed else []) + _charts_per_dataset(conn, boards) + _ablations(conn)
+    body += _reports(conn)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + rep.GENERATOR +
             f"<title>speedrun results</title><style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) +
             "\n</body></html>\n")

@@ -8,10 +8,12 @@ Stored text is hostile: escaped so that it never becomes markup, and never a mar
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 from pathlib import Path
 
+from speedrun.errors import printable
 from speedrun.records.result_file import write_text
 from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
                                      leaderboards, newest_reports, p_text, pm_text, provenance, ratio_text,
@@ -24,12 +26,26 @@ def _md_provenance(report: dict) -> str:
     return f"{_md(text)}: {_code(command[:-1])}"
 
 
+# Characters that start Markdown (CommonMark and GitHub's) inside a line: code spans, emphasis, strikethrough, links
+# and images, cell ends, math, and the address (a@b) GitHub links by itself. Each is shown as itself when
+# backslash-escaped (CommonMark: any ASCII punctuation).
+_MARKUP = frozenset("`*~[]|$@")
+# Escaped only where they could act, so that names stay readable in the file: an underscore not inside a word
+# (CommonMark: one between two letters or digits never opens or closes emphasis, as in label_smoothing), the colon of
+# a bare "http://..." and the dot of "www...." (GitHub links both by themselves; a title's own ": " stays as it is).
+_WHERE_ACTIVE = re.compile(r"(?<![^\W_])_|_(?![^\W_])|(?i::(?=/)|(?<=(?<![a-z0-9])www)\.)")
+
+
 def _md(cell: str) -> str:
-    """A table cell's text as Markdown shows it: stored text must not become markup (a `<script>`, a marker line or
-    a `[link](url)` in a dataset name), nor end the cell. Backslashes are doubled first, so that one before a `|`
-    cannot undo its escape."""
-    return (cell.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("`", "'"))
+    """Stored text as Markdown shows it, character for character, in a table cell or a heading: it must not become
+    markup (a `<script>`, a marker line, a `[link](url)`, an image, *emphasis*, a code span, $math$, a bare
+    URL), nor end its cell (a `|`) or its row (a newline: whitespace folds to one space, control characters are
+    escaped as errors.printable shows them). Backslashes are doubled first, so that one before a `|` cannot undo
+    its escape; <, > and & become entities."""
+    text = printable(" ".join(str(cell).split()))
+    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = "".join("\\" + c if c in _MARKUP else c for c in text)
+    return _WHERE_ACTIVE.sub(lambda found: "\\" + found.group(), text)
 
 
 class _Code(str):
@@ -38,9 +54,14 @@ class _Code(str):
 
 
 def _code(text: str) -> _Code:
-    """A command in a code span: markup is inert there, but a marker inside would still be found as one."""
-    return _Code("`" + text.replace("`", "'").replace("|", "\\|").replace("<!--", "<!- -").replace("-->", "- ->")
-                 + "`")
+    """A command in a code span, on one line: markup is inert there, but a marker inside would still be found as
+    one, and a `|` would end the table's cell (GitHub reads `\\|` there as `|`). The span's fence is one backtick
+    longer than the longest run inside, so a backtick in the command shows as itself."""
+    text = printable(" ".join(str(text).split()))
+    text = text.replace("|", "\\|").replace("<!--", "<!- -").replace("-->", "- ->")
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return _Code(fence + pad + text + pad + fence)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:

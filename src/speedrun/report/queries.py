@@ -6,7 +6,9 @@ What the leaderboard ranks: `speedrun train` results (imported files included) t
 at least one finished run; the runs of a bench or ablation (commands ending "# setting ...") live in their reports.
 Within a dataset and target, results whose mean accuracy reaches the target come first, fastest mean timed region
 first (the airbench rule: the mean over runs must reach the target, not the best run); then the others, most
-accurate first. Everything read from the database is treated as hostile: escaped, type-checked, cut to length.
+accurate first. Results on synthetic data (random images and labels: nothing is learnable, accuracy is chance) rank
+on boards of their own, by speed alone. Everything read from the database is treated as hostile: escaped,
+type-checked, cut to length.
 """
 
 from __future__ import annotations
@@ -88,25 +90,35 @@ def family_of(recipe) -> str:
     return known.family if known is not None else "other"
 
 
+def is_synthetic(dataset) -> bool:
+    """Random images and labels, by data/sources.py's rule (`synthetic` or `synthetic:key=val,...`): a result there
+    measures speed only; its accuracy is chance."""
+    text = dataset.strip().lower() if isinstance(dataset, str) else ""
+    return text == "synthetic" or text.startswith("synthetic:")
+
+
 def board_name(board: dict) -> str:
     """"../data/cifar10 (cifar family)": what a leaderboard and its charts are about."""
     return f"{clip_text(board['dataset'], 200)} ({board['family']} family)"
 
 
-def leaderboards(conn: sqlite3.Connection) -> list[dict]:
+def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False) -> list[dict]:
     """[{"dataset", "family", "target", "rows": ranked}] per dataset, recipe family and target accuracy, in that
-    order; at most MAX_BOARDS of them (the "more" key of the last counts the rest)."""
+    order; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Real data only; synthetic=True:
+    synthetic data only, per dataset and family (no target: their accuracy is chance), fastest first."""
     groups: dict[tuple, list[dict]] = {}
     for values in conn.execute(_LEADERBOARD_SQL):
         row = _clean(values)
-        if row is not None:
-            key = (clip_text(row["dataset"], 300), family_of(row["recipe"]), row["target"])
+        if row is not None and is_synthetic(row["dataset"]) == synthetic:
+            key = (clip_text(row["dataset"], 300), family_of(row["recipe"]), None if synthetic else row["target"])
             groups.setdefault(key, []).append(row)
     boards = []
     for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):
         def rank(r):
             reached = target is not None and r["accuracy"] >= target
             seconds = r["seconds"] if r["seconds"] is not None else float("inf")
+            if synthetic:
+                return seconds, r["id"]
             return not reached, seconds if reached else -r["accuracy"], r["id"]
         boards.append({"dataset": dataset, "family": family, "target": target, "rows": sorted(rows, key=rank)})
     if len(boards) > MAX_BOARDS:
@@ -151,6 +163,8 @@ def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dic
         if not isinstance(report, dict):
             continue
         key = tuple(clip_text(report.get(k), 200) for k in ("benchmark", "recipe", "dataset", "device"))
+        if report.get("benchmark") == "bench":  # benches of different --vary are different questions: each shown
+            key += (clip_text([clip_text(_dict(x).get("name"), 60) for x in _items(report.get("settings"))], 2000),)
         partial = report.get("complete") is not True or report.get("interrupted") is True
         if key not in chosen or (chosen[key]["_partial"] and not partial):
             chosen[key] = {**report, "_id": id_, "_date": clip_text(date, 40), "_partial": partial}
@@ -225,19 +239,75 @@ def waterfall_rows(report: dict) -> list[dict]:
     return rows
 
 
+def _ratio(test: dict) -> tuple:
+    """(ratio, low, high) of a stored mean_diff_test: the ratio of means if plausible, and its 95% interval if that
+    holds it (low <= ratio <= high; stats.ratio_ci95's, symmetric or not), else (ratio, None, None)."""
+    ratio, ci = _within(test.get("ratio"), 0.0, 1e6), test.get("ratio_ci95")
+    low, high = (_within(ci[0], 0.0, 1e6), _within(ci[1], 0.0, 1e6)) if isinstance(ci, list) and len(ci) == 2 \
+        else (None, None)
+    if ratio is None or low is None or high is None or not low <= ratio <= high:
+        return ratio, None, None
+    return ratio, low, high
+
+
+def _summary(value, high: float) -> tuple | None:
+    """A stored stats.Summary as (mean, low, high): the mean if within [0, high]; its 95% interval if that holds it
+    and lies within [-high, 2 * high] (the t-interval of two or three runs may reach below 0 or past `high`), else
+    (mean, None, None); None without a plausible mean."""
+    value = _dict(value)
+    mean = _within(value.get("mean"), 0.0, high)
+    if mean is None:
+        return None
+    low, top = _within(value.get("ci95_low"), -high, 2 * high), _within(value.get("ci95_high"), -high, 2 * high)
+    if low is None or top is None or not low <= mean <= top:
+        return mean, None, None
+    return mean, low, top
+
+
+def setting_rows(report: dict) -> list[dict]:
+    """A bench (or ablate) report's settings, the first its baseline (label: its name, the baseline's marked), each
+    number checked: runs finished (n), accuracy and timed seconds as (mean, 95% low, 95% high) or None, and against
+    the baseline the accuracy difference (gain, low, high: setting - baseline) with p, and the time ratio setting /
+    baseline with its interval."""
+    rows = []
+    for i, s in enumerate(_items(report.get("settings"))):
+        versus = _dict(s.get("versus_baseline"))
+        acc, secs = _dict(versus.get("accuracy")), _dict(versus.get("train_seconds"))
+        gain, low, high = _interval(acc.get("diff"), acc.get("ci95"))
+        ratio, ratio_low, ratio_high = _ratio(secs)
+        rows.append({"name": clip_text(s.get("name"), 60), "baseline": i == 0, "n": _within(s.get("n"), 0, 1e6),
+                     "accuracy": _summary(s.get("accuracy"), 1.0), "seconds": _summary(s.get("train_seconds"), 1e9),
+                     "gain": gain, "low": low, "high": high, "p": _within(acc.get("p"), 0.0, 1.0),
+                     "ratio": ratio, "ratio_low": ratio_low, "ratio_high": ratio_high})
+        rows[-1]["label"] = setting_label(rows[-1])
+    return rows
+
+
+def setting_label(row: dict) -> str:
+    """A setting's name, the baseline's marked as such where its name does not say so."""
+    return row["name"] if not row["baseline"] or "baseline" in row["name"] else f"{row['name']} (baseline)"
+
+
+def summary_text(value: tuple | None, scale: float = 1.0) -> str:
+    """"66.73 (65.10 .. 68.36)": a setting_rows mean with its 95% interval, times `scale`; the mean alone without
+    one; "-" without a mean."""
+    if value is None:
+        return "-"
+    mean, low, high = value
+    return f"{scale * mean:.2f}" + ("" if low is None else f" ({scale * low:.2f} .. {scale * high:.2f})")
+
+
 def tune_rows(report: dict) -> list[dict]:
     """The doctor's rows (instruments/tune.py), each number checked: setting, the guide's item, the time ratio with
     its interval, p, the accuracy difference where the setting changes the numbers, the verdict."""
     rows = []
     for r in _items(_dict(report.get("tune")).get("rows")):
         t = _dict(r.get("time"))
-        ci = t.get("ratio_ci95")
-        low, high = (_within(ci[0], 0.0, 1e6), _within(ci[1], 0.0, 1e6)) if isinstance(ci, list) and len(ci) == 2 \
-            else (None, None)
+        ratio, low, high = _ratio(t)
         a = _dict(r.get("accuracy")) if r.get("changes_numbers") is True else {}
         gain, alow, ahigh = _interval(a.get("diff"), a.get("ci95"))
         rows.append({"setting": clip_text(r.get("setting"), 80), "guide": clip_text(r.get("guide"), 60),
-                     "n": _within(r.get("n"), 0, 1e6), "ratio": _within(t.get("ratio"), 0.0, 1e6), "ratio_low": low,
+                     "n": _within(r.get("n"), 0, 1e6), "ratio": ratio, "ratio_low": low,
                      "ratio_high": high, "p": _within(t.get("p"), 0.0, 1.0), "changes_numbers":
                      r.get("changes_numbers") is True, "gain": gain, "low": alow, "high": ahigh,
                      "recommended": r.get("recommended") is True, "verdict": clip_text(r.get("verdict"), 60)})

@@ -163,5 +163,5 @@ class Display:
         if mfu is not None:
             caption.append(f"{result.flops.run / 1e12:,.3g} TFLOP a run (convolutions and matmuls); "
                            f"{peak.mfu_text(mfu)}.")
-        table.caption = " ".join(caption)
+        table.caption = Text(printable(" ".join(caption)), style="table.caption")  # text, never rich's markup
         self.out.print(table)

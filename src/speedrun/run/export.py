@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ from torch import nn
 
 from speedrun import dist
 from speedrun._version import __version__
-from speedrun.data import folder
+from speedrun.data import folder, limits
 from speedrun.dist import unwrap
+from speedrun.engine.flops import on_meta
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
 from speedrun.errors import escaped_refusals, printable, warn
@@ -30,7 +32,10 @@ from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
 from speedrun.tricks.tta import tta_logits
 
-_PREDICT_BATCH = 64  # image files decoded and scored at a time
+_PREDICT_BATCH = 64  # image files decoded and scored at a time, at most
+# What one batch of `predict` may take: a card may legally ask for 1024x1024 images, where 64 images through the
+# network's first layers take gigabytes; the batch shrinks to fit this (and half the memory available).
+_PREDICT_BUDGET_BYTES = 1 << 30
 _FIX = "use the .safetensors and .json exactly as `speedrun train --save` wrote them, or save the model again"
 
 
@@ -88,6 +93,7 @@ class TrainedModel(nn.Module):
         self.classes: list[str] = list(card["classes"])
         self.image_shape: tuple[int, int, int] = tuple(card["image_shape"])
         self.tta_level: int = card["tta_level"]
+        self.smoke_test: bool = card.get("smoke_test") is True  # saved from `speedrun train --smoke`
         self.register_buffer("mean", torch.tensor(card["mean"], dtype=torch.float32))  # (C,), [0, 1] units
         self.register_buffer("std", torch.tensor(card["std"], dtype=torch.float32))
 
@@ -157,11 +163,11 @@ def check_save(save, world: dist.World, json_path=None) -> Path | None:
     return save_path
 
 
-def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset: str, run) -> str:
-    """The last run's network saved with its card: the family's card plus the recipe, config, data and the run's
-    accuracy and seed."""
+def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset: str, run, smoke: bool) -> str:
+    """The last run's network saved with its card: the family's card plus the recipe, config, data, the run's
+    accuracy and seed, and whether it was a smoke test (a few steps: `eval` and `predict` say so)."""
     card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
-            "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed}
+            "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed, "smoke_test": smoke}
     return save_model(path, unwrap(model), card)
 
 
@@ -228,14 +234,19 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
                             std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
                             batch_size=batch_size)
     return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
-            "model": os.fsdecode(path)}
+            "model": os.fsdecode(path), "smoke_test": model.smoke_test}
+
+
+def _user_image(file: str) -> None:
+    """Refuse a file that is not there or not a regular file, as the user's input (not a dataset's)."""
+    if not os.path.isfile(file):
+        what = "is not a regular file" if os.path.lexists(file) else "does not exist"
+        raise ValueError(f"{file} {what}; give image files (.jpg, .jpeg or .png)")
 
 
 def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
     """One image file as the model takes it: uint8 (c, h, w), decoded under folder.py's limits."""
-    if not os.path.isfile(file):
-        what = "is not a regular file" if os.path.lexists(file) else "does not exist"
-        raise ValueError(f"{file} {what}; give image files (.jpg, .jpeg or .png)")
+    _user_image(file)
     # Square models: the shorter side scaled to the model's and centre-cropped, as `--image-size` does.
     pixels = folder.decode_one(file, h if h == w else None)  # (1 or 3, H, W)
     if pixels.shape[1:] != (h, w):
@@ -249,9 +260,61 @@ def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
-def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
-                  device: str = "auto") -> list[tuple[str, list[tuple[str, float]]]]:
-    """Per image file, its `top` classes under the saved model as (name, probability) (`speedrun predict`)."""
+def _check_images(paths: list[str], h: int, w: int) -> None:
+    """Every file's header read and checked (formats, claimed size, the model's shape) before any is decoded:
+    a bad file among thousands is refused before minutes of work, not after. No pixel is decoded here."""
+    for file in paths:
+        _user_image(file)
+        try:
+            width, height = folder.header_size(file, h if h == w else None)
+        except folder.Refused as e:
+            raise folder.as_user_input(e) from None
+        if h != w and (width, height) != (w, h):
+            raise ValueError(f"{file} is {width}x{height} px but this model takes {w}x{h} images (it was trained "
+                             f"on images that are not square); resize it to {w}x{h}")
+
+
+def inference_bytes_per_image(model: TrainedModel) -> int:
+    """Bytes one image needs through the network in evaluation: the input and output of its largest layer (both
+    alive while it runs), from the shapes of a pass on the meta device; no weights are copied."""
+    largest = [0]
+
+    def hook(module, inputs, output):
+        n = sum(t.numel() for t in inputs if isinstance(t, torch.Tensor))
+        if isinstance(output, torch.Tensor):
+            n += output.numel()
+        largest[0] = max(largest[0], n)
+
+    spec = files.parse_card(model.card)
+    net = on_meta(lambda: spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))).eval()
+    handles = [m.register_forward_hook(hook) for m in net.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            net(torch.zeros((1, *model.image_shape), device="meta"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return 4 * largest[0]  # float32
+
+
+def predict_batch_size(model: TrainedModel) -> int:
+    """Images scored at a time: _PREDICT_BATCH, fewer where the model's images are large; refused when one image
+    alone cannot fit in the memory available."""
+    per_image = inference_bytes_per_image(model)
+    c, h, w = model.image_shape
+    limits.check_memory(per_image, f"one {w}x{h} image through this model",
+                        "free memory, or use a model trained on smaller images")
+    available = limits.available_memory_bytes()
+    budget = _PREDICT_BUDGET_BYTES if available is None else min(_PREDICT_BUDGET_BYTES, available // 2)
+    return max(1, min(_PREDICT_BATCH, budget // max(1, per_image)))
+
+
+def iter_predictions(path: str | os.PathLike, images: list[str], *, top: int = 5, device: str = "auto",
+                     on_load: Callable[[TrainedModel], object] | None = None,
+                     ) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+    """Per image file, its `top` classes under the saved model as (name, probability), yielded a batch at a time
+    (the CLI prints each as it comes). Every file's header is checked before the first is decoded. on_load: called
+    with the model once it is loaded (the CLI notes a smoke test's model)."""
     if isinstance(images, (str, bytes, os.PathLike)) or not images:
         raise ValueError("give a list of one or more image files")
     if type(top) is not int or top < 1:
@@ -262,9 +325,17 @@ def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
         raise ValueError(f"model {os.fsdecode(path)} takes {c}-channel images; image files give 1 "
                          "(grey) or 3 (RGB)")
     paths = [os.fsdecode(f) for f in images]
-    out = []
-    for start in range(0, len(paths), _PREDICT_BATCH):  # a bounded batch in memory, however many files
-        chunk = paths[start:start + _PREDICT_BATCH]
-        batch = torch.from_numpy(np.stack([_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
-        out += zip(chunk, model.predict(batch, top=top))
-    return out
+    _check_images(paths, h, w)
+    if on_load is not None:
+        on_load(model)
+    batch = predict_batch_size(model)
+    for start in range(0, len(paths), batch):  # a bounded batch in memory, however many files
+        chunk = paths[start:start + batch]
+        pixels = torch.from_numpy(np.stack([_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
+        yield from zip(chunk, model.predict(pixels, top=top))
+
+
+def predict_files(path: str | os.PathLike, images: list[str], *, top: int = 5,
+                  device: str = "auto") -> list[tuple[str, list[tuple[str, float]]]]:
+    """Per image file, its `top` classes under the saved model as (name, probability) (`speedrun predict`)."""
+    return list(iter_predictions(path, images, top=top, device=device))

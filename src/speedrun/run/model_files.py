@@ -114,6 +114,8 @@ def parse_card(card: Any) -> CardSpec:
          f"accuracy must be a number or null, got {_shown(card.get('accuracy'))}")
     need(card.get("seed") is None or type(card["seed"]) is int,
          f"seed must be an integer or null, got {_shown(card.get('seed'))}")
+    need(type(card.get("smoke_test")) in (type(None), bool),
+         f"smoke_test must be true, false or absent, got {_shown(card.get('smoke_test'))}")
     sha = card.get("weights_sha256")
     need(isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef"),
          "weights_sha256 is not 64 hexadecimal digits")

@@ -256,7 +256,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 session.save()  # after every run: a crash or kill later keeps this one
             if save_path is not None and world.is_main and result.model is not None:
                 result.saved_model = export.save_trained(save_path, result.model, family.model_card(cfg, data), rec,
-                                                         cfg, dataset, result.runs[-1])
+                                                         cfg, dataset, result.runs[-1], smoke)
                 show.line(f"saved model: {result.saved_model}")
                 session.save()
         except KeyboardInterrupt as interrupt:  # Ctrl-C, and SIGTERM through errors.Terminated

@@ -145,6 +145,7 @@ class Session:
         self.result, self.json_path, self.database, self.db = result, json_path, database, db
         self.world, self.show, self.began = world, show, began
         self.written = False
+        self.stored_id: int | None = None  # the database row of the result, once stored
 
     def save(self) -> None:
         """The result file as it stands (after every run: a crash or kill later keeps this one)."""
@@ -160,6 +161,7 @@ class Session:
         try:
             stored = results_db.insert_result(self.database, portable(self.result.to_dict()),
                                               source=str(self.json_path))
+            self.stored_id = stored
             self.show.line(f"stored in {self.db} as #{stored}")
         except (ValueError, OSError, sqlite3.Error) as e:
             warn(f"the result was not stored in the database {self.db} ({e}); it is in {self.json_path}; "
@@ -182,8 +184,10 @@ class Session:
             return
         self.show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
         with signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
-            self.save()
+            with contextlib.suppress(Exception):  # a full disk now must not replace the interrupt with its error
+                self.save()
             self.store()
+        self._note_stored(interrupt)
         self.report()
 
     def keep_failed(self, failure: BaseException) -> None:
@@ -198,3 +202,11 @@ class Session:
         if self.world.is_main:  # the others keep nothing (and their line, if any, says so)
             where = self.json_path if self.written else self.db if self.database else None
             note_kept(failure, len(self.result.runs), where)
+            self._note_stored(failure)
+
+    def _note_stored(self, exc: BaseException) -> None:
+        """Tell the CLI's last line the database row that holds the finished runs (it names it beside the file,
+        which a full disk may have left behind)."""
+        if self.stored_id is not None:
+            with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+                exc.stored_as = (str(self.db), self.stored_id)

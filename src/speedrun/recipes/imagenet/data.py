@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,16 +22,22 @@ from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
-from speedrun.data.shards import Shards, open_regular, write_split
+from speedrun.data.shards import (MANIFEST, SYNTHETIC_FORMAT, Shards, file_sha256, open_regular, repair_advice,
+                                  write_split)
 from speedrun.errors import print_line, printable, warn
-from speedrun.paths import data_root, user_path
+from speedrun.paths import data_root, make_folder, user_path
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.records.result_file import write_text
 
 # ImageNet's channel statistics (the values every torchvision-era recipe uses), in [0, 1] units.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SMOKE_STEPS = 4
-SMOKE_EVAL_IMAGES = 512
+# --smoke checks the whole path (shards, workers, decode, resizing, evaluation, result file) in seconds on a 2-core
+# CPU: small batches at 64 px. ResNet-50's evaluation of 512 images at 256 px alone is ~2.8 TFLOP, half a minute.
+SMOKE_BATCH = 32  # divides any power-of-two number of processes up to 32
+SMOKE_EVAL_IMAGES = 64
+SMOKE_RES_PX = 64
+SMOKE_WORKERS = 2
 MAX_CLASSES_BYTES = 4 * 2**20  # classes.json: 21,841 ImageNet-21k names are about 250 KB
 SYNTHETIC = "synthetic"
 
@@ -59,7 +66,7 @@ def _classes(root: Path) -> tuple[str, ...]:
     non-empty, printable names."""
 
     path = root / "classes.json"
-    fix = "run speedrun data prepare again"
+    fix = repair_advice(root)
     try:
         fd = open_regular(path)
         with open(fd, "rb") as f:
@@ -68,6 +75,8 @@ def _classes(root: Path) -> tuple[str, ...]:
             raise ValueError(f"over {MAX_CLASSES_BYTES:,} bytes")
         names = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
+        if (root / MANIFEST).exists():  # prepared, and classes.json lost since: prepare writes it again
+            raise ValueError(f"{root} has no classes.json; {fix}") from None
         raise ValueError(f"{root} has no classes.json: it is not a folder written by speedrun data "
                          "prepare; run `speedrun data prepare SRC DST` and train on DST") from None
     except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nested a million deep
@@ -106,7 +115,6 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -
         except (ValueError, OSError) as e:
             # Our own cache, written whole (_synthetic_shards) and damaged since (files removed or cut short): the
             # advice for a prepared folder ("prepare it again") would name a command the user never ran.
-
             warn(f"the synthetic shards in {root} are damaged ({e}); writing them again")
             _remove_synthetic(root)
             return _open_prepared(_synthetic_shards(cache, log), SYNTHETIC)
@@ -114,6 +122,12 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -
     if not root.is_dir():
         raise ValueError(f"--dataset {dataset} is not a folder; the imagenet recipes read what "
                          "`speedrun data prepare SRC DST` wrote (pass DST), or 'synthetic'")
+    if not (root / "classes.json").exists() and not (root / MANIFEST).exists() \
+            and any((root / split).is_dir() for split in ("train", "val", "test")):
+        shards_dir = root.parent / f"{root.name}-shards"
+        raise ValueError(f"--dataset {dataset} is an image folder, not prepared shards; prepare it once with "
+                         f"`speedrun data prepare {shlex.quote(str(root))} {shlex.quote(str(shards_dir))}`, then "
+                         f"train with --dataset {shlex.quote(str(shards_dir))}")
     return _open_prepared(root, root.name)
 
 
@@ -122,6 +136,10 @@ def _open_prepared(root: Path, name: str) -> ShardData:
     classes = _classes(root)
     evals = [s for s in ("val", "test") if (root / f"{s}-index.npy").exists()]
     if not (root / "train-index.npy").exists() or not evals:
+        recorded = _recorded_splits(root)
+        if "train" in recorded and recorded & {"val", "test"}:  # prepared whole, an index lost since
+            raise ValueError(f"{root} has lost a split's index (train-index.npy, val-index.npy or test-index.npy); "
+                             f"{repair_advice(root)}")
         raise ValueError(f"{root} needs a train split and a val or test split (train-index.npy, "
                          "val-index.npy); prepare a folder with train/ and val/ (or test/)")
     counts = []
@@ -133,11 +151,21 @@ def _open_prepared(root: Path, name: str) -> ShardData:
                              f"{split}/ holds images")
         if int(labels.max()) >= len(classes):
             raise ValueError(f"{root}: the {split} split has label {int(labels.max())} but "
-                             f"classes.json names {len(classes)} classes; run speedrun data prepare again")
+                             f"classes.json names {len(classes)} classes; {repair_advice(root)}")
         counts.append(len(labels))
     return ShardData(name=name, root=str(root), train_split="train",
                      eval_split=evals[0], classes=classes, num_train=counts[0], num_eval=counts[1],
                      mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
+
+
+def _recorded_splits(root: Path) -> set[str]:
+    """The splits the manifest of a prepared folder records (none when it has no manifest we can read)."""
+    try:
+        with open(open_regular(root / MANIFEST), "rb") as f:
+            manifest = json.loads(f.read(MAX_CLASSES_BYTES * 16).decode("utf-8"))
+        return {s for s in manifest["splits"] if isinstance(s, str)}
+    except (OSError, ValueError, RecursionError, TypeError, KeyError):
+        return set()
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
@@ -153,15 +181,17 @@ def _synthetic_shards(cache: Path, log) -> Path:
     if (root.exists() or root.is_symlink()) and not (root.is_dir() and not root.is_symlink()):
         raise ValueError(f"{root} is in the way of imagenet-debug's synthetic shards (not a folder "
                          "of ours); remove it, or set SPEEDRUN_DATA (--data-dir) to another folder")
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ValueError(f"the data cache {cache} is not a folder; set SPEEDRUN_DATA (--data-dir) "
-                         "to a folder") from None
+    make_folder(cache, "the data cache", "remove or rename what is in the way, or set SPEEDRUN_DATA (--data-dir) "
+                "to a folder")
     log(f"writing synthetic shards to {root}")
     own = Path(tempfile.mkdtemp(prefix=".imagenet-synthetic-v1.", dir=cache))
     try:
         write_synthetic_shards(own, 640, 160)
+        # Checksums of every file, written last: _whole trusts the cache only when each file matches, and the
+        # advice for a damaged sample (shards.repair_advice) names the command that checks and writes it again.
+        names = sorted(p.name for p in own.iterdir() if p.is_file())
+        write_text(own / MANIFEST, json.dumps({"format": SYNTHETIC_FORMAT,
+                                               "files": {n: file_sha256(own / n) for n in names}}), 0o644)
         own.chmod(0o755)  # mkdtemp's folder is private; a cache is as readable as its data
         if root.is_dir() and not _whole(root):
             shutil.rmtree(root)  # written in place by another writer, or damaged (whole copies are equal)
@@ -176,7 +206,17 @@ def _synthetic_shards(cache: Path, log) -> Path:
 
 
 def _whole(root: Path) -> bool:
-    return root.is_dir() and all((root / f).exists() for f in ("classes.json", "train-index.npy", "val-index.npy"))
+    """The synthetic shards in `root` are there and every file matches the checksum written beside it."""
+    try:
+        with open(open_regular(root / MANIFEST), "rb") as f:
+            manifest = json.loads(f.read(2**20).decode("utf-8"))
+        files = manifest["files"]
+        return (manifest["format"] == SYNTHETIC_FORMAT and isinstance(files, dict)
+                and {"classes.json", "train-index.npy", "val-index.npy"} <= set(files)
+                and all(isinstance(name, str) and "/" not in name and file_sha256(root / name) == digest
+                        for name, digest in files.items()))
+    except (OSError, ValueError, RecursionError, TypeError, KeyError, AttributeError):
+        return False
 
 
 def _remove_synthetic(root: Path) -> None:
@@ -219,8 +259,14 @@ def with_epochs(cfg: ImagenetConfig, epochs: float) -> ImagenetConfig:
 
 
 def smoke(cfg: ImagenetConfig, data: ShardData) -> tuple[ImagenetConfig, ShardData]:
-    """SMOKE_STEPS steps and the first SMOKE_EVAL_IMAGES of the evaluation split: does the pipeline run?"""
-    cfg = dataclasses.replace(cfg, eval_each_epoch=False)
+    """SMOKE_STEPS steps of at most SMOKE_BATCH images at no more than SMOKE_RES_PX, and the first
+    SMOKE_EVAL_IMAGES of the evaluation split: does the pipeline run?"""
+    px = SMOKE_RES_PX
+    cfg = dataclasses.replace(cfg, eval_each_epoch=False, batch_size=min(cfg.batch_size, SMOKE_BATCH),
+                              eval_batch_size=min(cfg.eval_batch_size, SMOKE_EVAL_IMAGES),
+                              decode_px=min(cfg.decode_px, px), min_res_px=min(cfg.min_res_px, px),
+                              max_res_px=min(cfg.max_res_px, px), eval_res_px=min(cfg.eval_res_px, px),
+                              workers=min(cfg.workers, SMOKE_WORKERS))
     data = dataclasses.replace(data, num_eval=min(data.num_eval, SMOKE_EVAL_IMAGES))
     return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / data.num_train)), data
 
@@ -228,8 +274,8 @@ def smoke(cfg: ImagenetConfig, data: ShardData) -> tuple[ImagenetConfig, ShardDa
 def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str]:
     steps = steps_for(cfg.epochs, data.num_train, cfg.batch_size)
     if smoke:
-        return [f"smoke test: {steps} step(s), {data.num_eval} evaluation images: this checks that the pipeline "
-                "runs; its accuracy is not a result"]
+        return [f"smoke test: {steps} step(s) of {cfg.batch_size} at {cfg.max_res_px} px, {data.num_eval} evaluation "
+                "images: this checks that the pipeline runs; its accuracy is not a result"]
     return [f"{steps} steps of {cfg.batch_size}; resolution {cfg.min_res_px}->{cfg.max_res_px} px, evaluation at "
             f"{cfg.eval_res_px} px"]
 
