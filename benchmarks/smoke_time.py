@@ -1,7 +1,7 @@
 """Wall seconds of `speedrun train --smoke` per recipe, as a user runs it: a new process each time, the decoded
 data cache warm (the first, cold run of each dataset is shown apart and not counted).
 
-    python benchmarks/smoke_time.py --cifar ../shared/datasets/cifar10-jpeg --shards /tmp/imagenet-sample-shards \
+    python benchmarks/smoke_time.py --cifar ../shared/datasets/cifar10-jpeg --shards /tmp/inshards \
         --runs 3 --json benchmarks/results/smoke/smoke-time.json
 
 The smoke test's promise is "seconds on a laptop CPU" (README); the target is at most 15 s per recipe on a 2-core
@@ -41,6 +41,19 @@ def smoke_seconds(recipe: str, dataset: str, scratch: Path, device: str) -> floa
     return seconds
 
 
+def markdown(report: dict) -> str:
+    """BENCHMARKS.md's table of one report (benchmarks/table.py renders it between the smoke_time markers)."""
+    env = report["environment"]
+    lines = [f"{env['timestamp_utc'][:10]}, {device_label(env)}, n={report['runs']} per recipe, interleaved, warm "
+             f"cache: `{report['command']}`", "", "| recipe | data | wall s (mean ± std) | min .. max |",
+             "|---|---|---|---|"]
+    for row in report["rows"]:
+        s = row["summary"]
+        lines.append(f"| {row['recipe']} | {Path(row['dataset']).name} | {s['mean']:.2f} ± {s['std'] or 0:.2f} | "
+                     f"{s['min']:.2f} .. {s['max']:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cifar", required=True, help="the dataset the cifar recipes take (a name or a folder)")
@@ -75,7 +88,8 @@ def main() -> int:
           ", ".join(f"{Path(d).name} {v:.1f} s" for d, v in cold.items()))
     if args.json:
         write_json(args.json, {"benchmark": "smoke_time", "device": args.device, "environment": env, "runs": args.runs,
-                               "rows": rows, "cold_seconds": cold, "command": " ".join(sys.argv)})
+                               "rows": rows, "cold_seconds": cold,
+                               "command": " ".join(["python", "benchmarks/smoke_time.py", *sys.argv[1:]])})
     return 0
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from speedrun.cli.program import main
@@ -12,6 +13,7 @@ TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs
         "--set", "widths=8,16,16", "--set", "whiten_images=64"]
 
 
+@pytest.mark.slow
 def test_ablate_lists_every_registered_trick_and_switches_exactly_one(tmp_path, capsys):
     out = tmp_path / "ablate.json"
     assert main(["ablate", *TINY, "--runs", "2", "--db", str(tmp_path / "r.db"), "--json", str(out)]) == 0

@@ -125,6 +125,7 @@ def test_the_step_schedule_drops_where_the_published_one_does():
     assert mults == pytest.approx([1.0, 1.0, 0.1, 0.01, 0.01])
 
 
+@pytest.mark.slow
 def test_train_save_load_predict_and_resume_equal_to_the_whole_run(tmp_path, capsys):
     """One run with a checkpoint every 2 of its 8 steps; a copy of the step-2 checkpoint, resumed in another folder,
     ends with the same weights and accuracy: the loader, the optimizer, Lookahead and the RNG all come back."""
@@ -162,6 +163,7 @@ def test_train_save_load_predict_and_resume_equal_to_the_whole_run(tmp_path, cap
     assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 
+@pytest.mark.slow
 def test_ablate_switches_each_trick_off_alone(tmp_path):
     out = tmp_path / "ablate.json"
     tiny = [a.replace("train=256", "train=128") for a in TINY]
@@ -179,6 +181,7 @@ def test_ablate_switches_each_trick_off_alone(tmp_path):
         assert result["config"][key] == offs[key]
 
 
+@pytest.mark.slow
 def test_two_processes_under_torchrun_run_one_job(tmp_path):
     """torchrun, 2 CPU processes (gloo), each training on half of every batch of 64: one result, of 2 processes."""
     env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDRUN_DATA=str(tmp_path / "cache"),

@@ -72,6 +72,7 @@ def test_train_writes_the_json_contract(tmp_path):
     assert result["environment"]["torch"]
 
 
+@pytest.mark.slow
 def test_console_script_runs_and_prints_tables(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=120)

@@ -21,14 +21,15 @@ import tempfile
 import urllib.error
 import urllib.request
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from speedrun.run import runner as runs
 from speedrun.cli.program import main
-from speedrun.models.cifar_net import output_side
 from speedrun.engine.loop import RunResult
+from speedrun.models.cifar_net import output_side
 from speedrun.recipes import cifar
+from speedrun.run import runner as runs
 
 FIELDS = {f.name: f for f in dataclasses.fields(cifar.CifarConfig)}
 SMALL = "synthetic:train=48,test=16,shape=3x16x16"  # a net of widths 8,8,8 fits 16 px
@@ -170,6 +171,7 @@ def _checking_run(started: list):
 
 
 # SPEEDRUN_HYPOTHESIS_EXAMPLES=5000 for a longer search than CI's.
+@pytest.mark.slow
 @settings(max_examples=int(os.environ.get("SPEEDRUN_HYPOTHESIS_EXAMPLES", "300")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())

@@ -50,6 +50,7 @@ def _losses(path: Path) -> list[float]:
     return [row["train_loss"] for row in json.loads(path.read_text())["runs"][-1]["history"]]
 
 
+@pytest.mark.slow
 def test_two_processes_follow_one_processs_loss_curve(folder, tmp_path):
     """Same global batch (64), same seed: K=2 takes 32 examples each from the same permutation, gradients summed.
 
@@ -97,6 +98,7 @@ dist.exit_process(0)  # as cli.entry: DDP's gloo threads must not see the interp
 """
 
 
+@pytest.mark.slow
 def test_gradients_are_summed_over_the_global_batch(tmp_path):
     """dist.wrap's contract, exact without BatchNorm: each process's loss summed over its share, gradients summed,
     equals one process's gradient of the loss summed over the whole batch."""
@@ -141,6 +143,7 @@ def _assert_bitwise_equal(a: dict, b: dict) -> None:
 SYNTH = ["--dataset", "synthetic:train=2048,test=128", "--epochs", "3", *SMALL, "--checkpoint-every", "5"]
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_and_resume_auto_finishes_bitwise_equal(tmp_path):
     """Two runs; Ctrl-C in the second: exit 130, run 1's result and a checkpoint on disk, no traceback. `--resume
     auto` then finishes run 2, continues the same result file, and its weights equal an uninterrupted run's."""
@@ -189,6 +192,7 @@ def _worker_pids(launcher: int) -> dict[int, int]:
     return pids
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_the_job_resumes_bitwise_equal(tmp_path):
     """torchrun --max-restarts=1: rank 1 SIGKILLed mid-run; torchrun restarts the group, which resumes from the last
     checkpoint by itself; the final weights equal an uninterrupted two-process run's, and the result counts the
@@ -206,6 +210,7 @@ def test_a_killed_worker_is_restarted_and_the_job_resumes_bitwise_equal(tmp_path
     _assert_bitwise_equal(_weights(tmp_path / "model_a"), _weights(tmp_path / "model_b"))
 
 
+@pytest.mark.slow
 def test_a_signal_stops_a_run_at_the_next_step_without_a_checkpoint_folder(tmp_path):
     """No --checkpoint-dir: SIGTERM still ends the run after its current step (not at the end of the run)."""
     argv = [sys.executable, *SPEEDRUN, "--dataset", "synthetic:train=2048,test=128", "--epochs", "200",

@@ -215,6 +215,7 @@ def test_result_is_rewritten_after_every_run(tmp_path, monkeypatch):
     assert result["runs_requested"] == 4
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_finished_runs_and_exits_143(tmp_path):
     out = tmp_path / "r.json"
     argv = ["--dataset", "synthetic:train=2048,test=256", "--device", "cpu", "--epochs", "2", "--runs", "50",
@@ -338,6 +339,7 @@ def test_quiet_prints_the_summary_and_n1_shows_no_spread(capsys, tmp_path):
     assert captured.err == ""  # no progress, no tables, no notes
 
 
+@pytest.mark.slow
 def test_piped_output_keeps_progress_and_does_not_wrap(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "speedrun.cli", "train", *TINY, "--epochs", "2",
                            "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
@@ -532,6 +534,7 @@ def test_message_details(capsys, tmp_path, monkeypatch, no_run):
     _one_line_error(capsys, code, "use images of at least 9 px")
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_the_output_names_the_fix(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "speedrun", "train", *TINY, "--json", str(tmp_path / "r.json")],
                           stdout=open("/dev/full", "w"), stderr=subprocess.PIPE, text=True, timeout=120)

@@ -562,6 +562,7 @@ def _gnu_sparse_chain(blocks: int) -> bytes:
     return b"".join(body) + c.compress(bytes(last) + bytes(1024)) + c.flush()
 
 
+@pytest.mark.slow
 def test_a_gnu_sparse_chain_is_refused_before_tarfile_lists_it(tmp_path):
     """tarfile keeps 21 entries per extension block in a list inside next(), before safe_extract sees the member:
     a million blocks (21 kB of bzip2) took 1.7 GB. Here 200,000 blocks, 100 MB of headers in a 100 kB file."""

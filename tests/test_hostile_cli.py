@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import run_peak, snapshot
 from PIL import Image
 from test_data_sources import _archive, _py2_pickle, _write_cifar10
@@ -137,6 +138,7 @@ def _cases(inputs: Path) -> list[tuple[str, list[str], list[str]]]:
     return cases
 
 
+@pytest.mark.slow
 def test_hostile_inputs_through_the_cli(tmp_path):
     inputs, home, work = tmp_path / "inputs", tmp_path / "home", tmp_path / "work"
     cache, results = tmp_path / "cache", tmp_path / "results"

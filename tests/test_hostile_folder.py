@@ -73,6 +73,7 @@ def _refused(tmp_path: Path, root: Path, named: str, *, exc=ValueError, **kwargs
 # ---- 1. allocation bombs -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_png_headers_claiming_12000px_are_refused_before_any_allocation(tmp_path):
     root = _folder(tmp_path / "pics")
     # The first really inflates to 144 MB of grey pixels from 140 kB; the second is a 74-byte header alone. Before
@@ -89,6 +90,7 @@ def test_png_headers_claiming_12000px_are_refused_before_any_allocation(tmp_path
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_bomb_variants_stay_small(tmp_path):
     """A real zlib bomb (48 kB inflating to 49 MB, just over the per-image limit), a bomb that is not the first
     file and is met by a pool worker, a header past Pillow's own DecompressionBombError, and a folder whose total
@@ -428,6 +430,7 @@ def test_a_cache_that_is_a_fifo_or_too_large_is_rebuilt_not_read(tmp_path, monke
     assert torch.equal(again.train_images, first.train_images) and path.is_file() and path.stat().st_size < 10**6
 
 
+@pytest.mark.slow
 def test_a_cache_whose_zip_members_are_compressed_is_refused_before_inflating(tmp_path):
     """torch.load inflates deflated members whole: a 300 MiB member in a file of a few hundred kB is refused first."""
     root = _folder(tmp_path / "pics")

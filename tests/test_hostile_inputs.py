@@ -160,6 +160,7 @@ def test_an_error_in_a_loader_worker_is_its_own_line(tmp_path, capsys):
 
 
 # Class: what `data prepare` would replace in DST is checked before any work; DST is left as it was.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["manifest.json", "classes.json", "train-index.npy", "train-00000.tar"])
 def test_a_folder_with_one_of_our_names_in_dst_is_refused_and_dst_kept(name, tmp_path, capsys):
     src = tmp_path / "src"

@@ -153,6 +153,7 @@ dist.exit_process(0)
 """
 
 
+@pytest.mark.slow
 def test_under_torchrun_every_image_is_seen_once_per_epoch_and_a_resumed_loader_continues_in_order(tmp_path):
     """Two processes on CPU (gloo): 37 images, one class each, batch 8 (4 per process), 3 epochs = 14 steps. The
     union of both processes' images is each epoch's 37 images exactly once; started at step 6 (mid-epoch 2) they
@@ -184,6 +185,7 @@ def test_under_torchrun_every_image_is_seen_once_per_epoch_and_a_resumed_loader_
         assert resumed == {step: ranks[r][step] for step in range(6, 14)}
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_debug_recipe_under_torchrun(shards, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", SPEEDRUN_DATA=str(tmp_path / "cache"),
                SPEEDRUN_RESULTS=str(tmp_path / "results"))
@@ -216,6 +218,7 @@ JPEG = Path(os.environ.get("SPEEDRUN_CIFAR10_JPEG", Path(__file__).resolve().par
                            / "cifar10-jpeg"))
 
 
+@pytest.mark.slow
 def test_the_resnet18_recipe_learns_real_photographs_from_prepared_shards(tmp_path):
     """The real-photograph learning check at test size: the first 300 train / 100 test images of each class of the
     JPEG copy of CIFAR-10, through `data prepare`, then the ResNet-18 recipe at width 16 and 32 px for 6 epochs.
@@ -240,6 +243,7 @@ def test_the_resnet18_recipe_learns_real_photographs_from_prepared_shards(tmp_pa
     assert result.runs[0].accuracy > 0.3
 
 
+@pytest.mark.slow
 def test_a_killed_worker_resumes_mid_epoch_under_torchrun_and_ends_bitwise_equal(shards, tmp_path):
     """Must-show 2 end to end: two processes, rank 1 SIGKILLed after a checkpoint in the middle of an epoch
     (batch 48 over 320 images: a step ends on an epoch boundary only every 20 steps; a checkpoint every 3 steps);

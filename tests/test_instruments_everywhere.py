@@ -25,6 +25,7 @@ def shards(tmp_path_factory) -> Path:
     return imagenet_checks.write_synthetic_shards(tmp_path_factory.mktemp("inet"), 320, 80)
 
 
+@pytest.mark.slow
 def test_bench_ablate_waterfall_and_to_target_run_on_the_imagenet_family(shards, tmp_path, capsys):
     tiny = ["imagenet-debug", "--dataset", str(shards), "--device", "cpu", "--epochs", "1", "--db",
             str(tmp_path / "r.db")]
@@ -54,6 +55,7 @@ def _torchrun(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_under_torchrun_each_run_is_the_jobs_and_rank_0_alone_stores_and_writes(shards, tmp_path):
     tiny = ["imagenet-debug", "--dataset", str(shards), "--device", "cpu", "--epochs", "1", "--db", "r.db"]
     # the default dataset in an empty cache: rank 0 writes the synthetic shards, then rank 1 reads them (both
@@ -108,6 +110,7 @@ def test_under_torchrun_usage_errors_and_help_are_rank_0s_to_show(monkeypatch, c
         assert ("usage: speedrun train" in capsys.readouterr().out) is shown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["bench", "--vary", "label_smoothing=0.0"], ["train"]])
 def test_under_torchrun_rank_0s_refusal_ends_every_process_at_once(command, shards, tmp_path):
     """An existing --json (or a bad --db) is rank 0's to find; the other process learns it from rank 0 at once
@@ -135,6 +138,7 @@ def test_under_torchrun_rank_0s_refusal_ends_every_process_at_once(command, shar
     assert done.returncode != 0 and "notes.db" in done.stderr and "-9" not in done.stderr and "SIGKILL" not in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_concurrent_writers_of_the_synthetic_cache_each_get_it_whole(tmp_path):
     """Two commands that find imagenet-debug's cache empty at once (two shells, or ranks): each writes its own
     copy and renames it into place whole; neither fails, and the cache is whole."""

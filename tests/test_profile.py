@@ -67,6 +67,7 @@ def test_an_in_memory_familys_run_is_its_steps_and_its_evaluation(recipe, tiny):
     assert run.evaluation == flops.evaluation(model, (3, 32, 32), len(tiny.test_labels), cfg.tta_level)
 
 
+@pytest.mark.slow
 def test_the_imagenet_family_counts_each_resolution_of_its_ramp():
     from speedrun.recipes import imagenet
 
@@ -273,6 +274,7 @@ def test_profile_errors_name_the_flag_given(tmp_path, capsys):
     assert "--seed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_peak_measures_at_the_threads_asked_and_restores_them(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path))
     monkeypatch.setattr(peak, "SECONDS_PER_KERNEL", 0.05)

@@ -15,6 +15,9 @@ from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
 from speedrun.recipes import cifar
 
+# Real-data learning runs (the data alone takes seconds to decode): outside the quick subset (-m "not slow").
+pytestmark = pytest.mark.slow
+
 JPEG = Path(os.environ.get("SPEEDRUN_CIFAR10_JPEG", Path(__file__).resolve().parents[2] / "shared" / "datasets"
                            / "cifar10-jpeg"))
 

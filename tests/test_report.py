@@ -127,6 +127,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_path):
     pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
     out, shot = tmp_path / "report.html", tmp_path / "report.png"

@@ -133,6 +133,7 @@ def test_an_empty_file_is_not_made_a_database(tmp_path, capsys):
     assert "empty file" in one_line(capsys) and path.read_bytes() == b""
 
 
+@pytest.mark.slow
 def test_the_page_is_bounded_whatever_the_database_holds(base, tmp_path):
     many = {**TO_TARGET, "variants": [{"name": f"v{i}", "epochs_needed": 1.0 + i, "search_complete": True,
                                        "probes": [{"epochs": 1.0 + i}]} for i in range(3000)]}

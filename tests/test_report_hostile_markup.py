@@ -127,6 +127,7 @@ def test_the_benchmarks_tables_show_every_stored_name_as_text(hostile_db, tmp_pa
     assert "\x1b" not in section
 
 
+@pytest.mark.slow
 def test_the_html_page_shows_every_stored_name_as_text(hostile_db, tmp_path):
     out = tmp_path / "r.html"
     assert main(["report", "--db", str(hostile_db), "--out", str(out)]) == 0

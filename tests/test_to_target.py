@@ -83,6 +83,7 @@ def _report(tmp_path, name="t.json"):
     return json.loads((tmp_path / name).read_text())
 
 
+@pytest.mark.slow
 def test_the_cli_searches_every_variant_interleaved_and_stores_each_probe(tmp_path, capsys):
     out, dbpath = tmp_path / "t.json", tmp_path / "r.db"
     assert main(["ablate", *TINY, "--runs", "1", "--to-target", "--max-probes", "3", "--set",
