@@ -229,7 +229,7 @@ def test_hostile_databases_and_files(tmp_path, capsys):
     assert out.splitlines() == [f"{good} already stored as #1"]  # the failure is on stderr, as the command's error
     assert err.startswith(f"speedrun: error: {bad}: ") and err.count("\n") == 1
 
-    junk = [("n", "3", "'n' is str"), ("runs", [1], "runs\\[0\\]' is int"), ("environment", None, "environment"),
+    junk = [("n", "3", "'n' is str"), ("runs", [1], "run 1 is not a run record"), ("environment", None, "environment"),
             ("mean_accuracy", True, "is bool"), ("mean_accuracy", float("nan"), "strict JSON"), ("runs", {}, "runs")]
     for key, value, match in junk:
         with pytest.raises(ValueError, match=match):

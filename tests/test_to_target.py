@@ -120,11 +120,12 @@ def test_the_cli_searches_every_variant_interleaved_and_stores_each_probe(tmp_pa
             assert v["epochs_needed"] is None and v["ceiling_epochs"] == 4.0
             assert v["best_accuracy"] == max(p["mean_accuracy"] for p in probes)
             assert v["searched_up_to_epochs"] == max(p["epochs"] for p in probes)
-    # lockstep: round r trains, in variant order, every variant with an r-th probe
+    # lockstep: round r trains every variant with an r-th probe (in an order balanced across rounds)
     rounds = max(len(v["probes"]) for v in report["variants"])
-    assert [(o["round"], o["variant"], o["steps"]) for o in report["order"]] == [
+    assert sorted((o["round"], o["variant"], o["steps"]) for o in report["order"]) == sorted(
         (r, v["name"], v["probes"][r]["steps"]) for r in range(rounds) for v in report["variants"]
-        if len(v["probes"]) > r]
+        if len(v["probes"]) > r)
+    assert [o["round"] for o in report["order"]] == sorted(o["round"] for o in report["order"])
     text = capsys.readouterr().out
     assert "epochs needed" in text and "10.00%" in text and all(n[:28] in text for n in names)
     with db.connect(dbpath) as conn:
@@ -150,12 +151,20 @@ def _fake_train_run(calls, *, interrupt_at=None, diverge_at=None):
     return train_run
 
 
+@pytest.fixture
+def fixed_order(monkeypatch):
+    """The search's tests count calls: no warm-up runs, and each round in variant order (bench.warm_up and
+    bench.round_orders have tests of their own, tests/test_redteam_stats_bench.py)."""
+    monkeypatch.setattr(to_target, "warm_up", lambda *args: 0.0)
+    monkeypatch.setattr(to_target, "round_orders", lambda count, rounds, seed: [list(range(count))] * rounds)
+
+
 # precision=fp32 named: the variants are then the same on a CPU with native bf16 (where auto is bf16) and without
 TARGET = ["--to-target", "--set", "target_accuracy=0.5", "--runs", "2", "--max-probes", "4", "--set", "precision=fp32"]
 
 
-def test_each_variant_gets_its_own_answer_and_a_diverged_run_makes_its_probe_a_miss(tmp_path, capsys,
-                                                                                     monkeypatch):
+def test_each_variant_gets_its_own_answer_and_a_diverged_run_makes_its_probe_a_miss(tmp_path, capsys, monkeypatch,
+                                                                                     fixed_order):
     calls = []
     # call 2 is round 0, seed 0 of the second variant (whiten_init=false), at the recipe's 4 steps
     monkeypatch.setattr(cifar, "train_run", _fake_train_run(calls, diverge_at=2))
@@ -189,7 +198,7 @@ def test_each_variant_gets_its_own_answer_and_a_diverged_run_makes_its_probe_a_m
     assert "not reached at <= 4 epochs (best 0.00%)" in text and "in (2, 3] epochs; more --max-probes" in text
 
 
-def test_reached_at_the_start_searches_shorter(tmp_path, monkeypatch):
+def test_reached_at_the_start_searches_shorter(tmp_path, monkeypatch, fixed_order):
     monkeypatch.setattr(cifar, "train_run", _fake_train_run([]))
     assert main(["ablate", *TINY, *TARGET, "--db", str(tmp_path / "r.db"), "--json", str(tmp_path / "t.json")]) == 0
     row = next(r for r in _report(tmp_path)["variants"] if r["name"] == "whiten_init=false")
@@ -197,7 +206,7 @@ def test_reached_at_the_start_searches_shorter(tmp_path, monkeypatch):
     assert (row["epochs_needed"], row["missed_epochs"], row["exact"]) == (0.5, 0.25, True)
 
 
-def test_an_interrupt_keeps_the_finished_probes_as_a_partial_report(tmp_path, capsys, monkeypatch):
+def test_an_interrupt_keeps_the_finished_probes_as_a_partial_report(tmp_path, capsys, monkeypatch, fixed_order):
     calls = []
     # round 0 is 12 variants x 2 seeds; call 27 is round 1, seed 0 of the third variant
     monkeypatch.setattr(cifar, "train_run", _fake_train_run(calls, interrupt_at=27))

@@ -33,10 +33,16 @@ def data_root(given: str | os.PathLike | None = None, what: str = "--data-dir") 
     """Where downloads, decoded caches and measured peaks live: `given` (named `what` in messages) when given, else
     $SPEEDRUN_DATA, else ~/.cache/speedrun. Refused when it exists and is not a folder (a later write there would
     fail with advice about permissions that is not the problem)."""
+    # Empty (given="" or SPEEDRUN_DATA=""): not given, the default, as a shell's `SPEEDRUN_DATA= speedrun ...`
+    # means. Only whitespace is no folder anyone means (Path("  ") is a folder named two spaces in the working
+    # folder), so it is refused.
+    env = os.environ.get("SPEEDRUN_DATA", "")
     if given:
+        _not_blank(given, what, "leave it out")
         root = user_path(given, what)
-    elif os.environ.get("SPEEDRUN_DATA"):
-        root, what = user_path(os.environ["SPEEDRUN_DATA"], "SPEEDRUN_DATA"), "SPEEDRUN_DATA"
+    elif env:
+        _not_blank(env, "SPEEDRUN_DATA", "leave it empty or unset it")
+        root, what = user_path(env, "SPEEDRUN_DATA"), "SPEEDRUN_DATA"
     else:
         try:
             root, what = Path.home() / ".cache" / "speedrun", "the default data folder"
@@ -49,6 +55,13 @@ def data_root(given: str | os.PathLike | None = None, what: str = "--data-dir") 
         raise ValueError(f"{what} {os.fspath(root)} is a file, not a folder; point {what} at a folder "
                          "(it holds downloads and caches)")
     return root
+
+
+def _not_blank(path: str | os.PathLike, what: str, default: str) -> None:
+    text = os.fsdecode(path)
+    if not text.strip():
+        raise ValueError(f"{what} is {text!r}, only whitespace; name a folder, or {default} for the default "
+                         "~/.cache/speedrun")
 
 
 def in_the_way(path: str | os.PathLike) -> str | None:

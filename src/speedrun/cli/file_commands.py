@@ -35,13 +35,34 @@ def _hits(hit_rate, n) -> str:
     return _num(hit_rate) if isinstance(hit_rate, (int, float)) and math.isfinite(hit_rate) else str(hit_rate)
 
 
+CELL_CHARS = 60  # the most characters of one cell of the terminal table; --json and --csv give every value whole
+LINE_CHARS = 300  # the most characters of a line of `compare` that shows stored text
+
+
+def _clip(text: str, limit: int = CELL_CHARS) -> str:
+    """`text` escaped (errors.printable) as one line of at most `limit` characters, its end an ellipsis where it
+    was cut: a stored name may be megabytes, and every row is padded to the widest cell. Only the first `limit`
+    characters are escaped (escaping never shortens text)."""
+    shown = printable(str(text)[:limit])
+    return shown if len(shown) <= limit and len(str(text)) <= limit else shown[:limit - 1] + "…"
+
+
+def _middle(text: str, limit: int = LINE_CHARS) -> str:
+    """`text` escaped, cut in the middle past `limit` characters: both ends stay (a caveat names A's value, then
+    B's)."""
+    if len(text) > limit:
+        text = f"{text[:limit // 2]}…[{len(text) - limit} characters]…{text[-(limit // 2):]}"
+    return _clip(text, limit + 40)
+
+
 def _table(rows: list[dict]) -> list[str]:
     table = [["ID", "KIND", "DATE", "RECIPE", "DATASET", "DEVICE", "N", "ACCURACY %", "SECONDS", "HITS", "COST $",
               "COMMIT"]]
     for r in rows:
         commit = "-" if r["git_commit"] is None else r["git_commit"][:8] + ("+" if r["git_dirty"] else "")
-        # each cell escaped before the widths are measured: a newline in a stored name must not break the row
-        table.append([printable(cell) for cell in (
+        # each cell escaped and cut before the widths are measured: a newline in a stored name must not break the
+        # row, and one long name must not pad every row to its width
+        table.append([_clip(cell) for cell in (
             str(r["id"]), r["kind"], r["date"][:16].replace("T", " "), r["recipe"], r["dataset"],
             r["device_name"] or r["device"], str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]),
             _num(r["mean_seconds"], 1, r["std_seconds"]), _hits(r["hit_rate"], r["n"]), _num(r["cost"], digits=4),
@@ -54,9 +75,12 @@ def results_command(args) -> int:
     """`speedrun results`: args has recipe, dataset, device, since, until, command_text, limit, json, csv, db."""
     if args.json and args.csv:
         raise ValueError("--json and --csv are exclusive; choose one")
+    filters = {"--recipe": args.recipe, "--dataset": args.dataset, "--device": args.device, "--since": args.since,
+               "--until": args.until, "--command": args.command_text}
     with contextlib.closing(db.connect_to_read(args.db)[0]) as conn:  # a read-only database is read too
         rows = db.query(conn, recipe=args.recipe, dataset=args.dataset, device=args.device, since=args.since,
                         until=args.until, command=args.command_text, limit=args.limit)
+        stored = bool(rows) or bool(db.query(conn, limit=1))
     if args.json:
         print(json.dumps(rows, indent=2))
     elif args.csv:
@@ -67,8 +91,14 @@ def results_command(args) -> int:
     elif rows:
         for line in _table(rows):
             out(line)
+    elif stored:  # only filters leave nothing out of a database that holds results
+        given = " ".join(f"{flag} {shlex.quote(_clip(value, 40))}" for flag, value in filters.items()
+                         if value is not None)
+        err(f"no stored result matches {given}; widen or drop these filters (`speedrun results` with none lists "
+            "every stored result)")
     else:
-        err("no stored result matches; `speedrun results import FILE` adds some")
+        err("no stored result matches: the database holds none yet; `speedrun results import FILE` adds some "
+            "(and so does `speedrun train`)")
     return 0
 
 
@@ -89,7 +119,9 @@ def _compare_lines(report: dict) -> list[str]:
     def ms(s: dict | None, scale: float) -> str:
         return "no runs" if s is None else f"{mean_std_text(s, scale)} (n={s['n']})"
 
-    lines = [f"A (baseline): {report['a']}", f"B: {report['b']}", *(f"caveat: {c}" for c in report["caveats"])]
+    # the labels name stored results or files, the caveats stored names: each line bounded
+    lines = [_middle(f"A (baseline): {report['a']}"), _middle(f"B: {report['b']}"),
+             *(_middle(f"caveat: {c}") for c in report["caveats"])]
     lines.append(f"{'':11} {'A':>24} {'B':>24} {'B - A (95% CI)':>28} {'p':>9} {'B / A (95% CI)':>24}")
     for key, name, scale in METRICS:
         m, t = report["metrics"][key], report["metrics"][key]["test"]

@@ -46,7 +46,7 @@ def _log(line: str) -> None:
 def _report_to(json_arg: str | None, make) -> tuple[dict, Path | None]:
     """make() the report and write it to the file `json_arg` names, if any: claimed first (an existing file fails
     before any work) and released if nothing was written (an error, Ctrl-C)."""
-    path = claim_result_path(json_arg) if json_arg else None
+    path = claim_result_path(json_arg) if json_arg is not None else None  # "" is refused there, not ignored
     written = False
     try:
         report = make()
@@ -63,7 +63,8 @@ def train_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
-                        json_path=args.json or "auto", verbose=not args.quiet, summary=True, smoke=args.smoke,
+                        json_path="auto" if args.json is None else args.json, verbose=not args.quiet, summary=True,
+                        smoke=args.smoke,
                         command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
@@ -87,9 +88,14 @@ def diverged_exit(report: dict, quiet: bool = False) -> int:
     return EXIT_DIVERGED if bad else 0
 
 
+# How bench, ablate and tune order their runs (bench.round_orders), as their tables' first line says.
+_BALANCED = "the order within rounds rotated from a shuffle seeded by --seed, so no setting always runs first"
+
+
 def _bench_lines(report: dict) -> list[str]:
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} interleaved "
-             "round(s); against the baseline: difference (95% CI), Welch p, time ratio (95% CI)",
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} round(s) after an "
+             f"untimed warm-up of each setting, {_BALANCED}; against the baseline: difference (95% CI), Welch p, "
+             "time ratio (95% CI)",
              f"{'setting':28} {'n':>3} {'div':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} "
              f"{'p':>8} {'time ratio':>22}"]
     for s in report["settings"]:
@@ -121,7 +127,7 @@ def bench_command(args, argv: list[str]) -> int:
 
 def _waterfall_lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
-             f"{report['runs']} interleaved round(s) per row",
+             f"{report['runs']} round(s) per row after an untimed warm-up of each, {_BALANCED}",
              f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
     for row in report["waterfall"]:
         b = row["bought"]
@@ -137,7 +143,7 @@ def _waterfall_lines(report: dict) -> list[str]:
 
 def _ablate_lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
-             f"{report['runs']} interleaved round(s); gain = baseline - trick off",
+             f"{report['runs']} round(s) after an untimed warm-up of each, {_BALANCED}; gain = baseline - trick off",
              f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
     for r in report["tricks"]:
         if not r["measured"]:
@@ -328,7 +334,8 @@ def profile_command(args, argv: list[str]) -> int:
     def make() -> dict:
         report = profile(args.recipe, dataset=args.dataset, device=args.device, data_dir=args.data_dir,
                          image_size=args.image_size, overrides=parse_set_args(args.overrides), active=args.steps,
-                         seed=args.seed, trace=args.trace or "auto", strict=args.strict, log=_log)
+                         seed=args.seed, trace="auto" if args.trace is None else args.trace, strict=args.strict,
+                         log=_log)
         return {**report, "command": dist.command_line(argv)}
 
     report, json_path = _report_to(args.json, make)
@@ -363,7 +370,7 @@ def tune_lines(report: dict) -> list[str]:
     t = report["tune"]
     c = t["current"]
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each setting against the current "
-             f"one, {report['runs']} interleaved round(s), ranked by measured gain",
+             f"one, {report['runs']} round(s) after an untimed warm-up of each, {_BALANCED}, ranked by measured gain",
              "current: " + ", ".join(f"{k} {v}" for k, v in c.items() if v is not None),
              f"{'setting':42} {'n':>3} {'time ratio (95% CI)':>26} {'p':>8} {'Δ acc points (95% CI)*':>26}  verdict"]
     for r in t["rows"]:
@@ -386,7 +393,7 @@ def tune_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
     only = None if args.only is None else [k.strip() for k in args.only.split(",") if k.strip()]
     # an existing file fails before any work
-    apply_path = claim_result_path(args.apply, "--apply") if args.apply else None
+    apply_path = claim_result_path(args.apply, "--apply") if args.apply is not None else None
     written = False
     try:
         report, path, stored = _run_and_store(args, argv, "tune", lambda log: tune(

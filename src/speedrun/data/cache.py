@@ -26,14 +26,18 @@ from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
 from speedrun.errors import warn
 from speedrun.paths import in_the_way
 
-# Bump when the cache layout changes (this layout's payload carries "sha256"): the number is part of every cache
-# file's name and payload, so files of another layout simply stop matching.
-CACHE_FORMAT = 2
+# Bump when the cache layout changes (this layout's payload carries "sha256" and "unofficial"): the number is part
+# of every cache file's name and payload, so files of another layout simply stop matching.
+CACHE_FORMAT = 3
 # What a cache file holds besides the pixels: the zip's headers, the pickled index, int64 labels (0.5 MB for 60,000
 # images) and class names. A file larger than the data limit by more than this holds too many pixels.
 _CACHE_OVERHEAD_BYTES = 2**20
 
 Log = Callable[[str], None]
+# What a build says of its first read, given to it by `cached`: true only when the cache folder can be written.
+CACHED_AFTERWARDS = "first read; cached afterwards"
+NOT_CACHED = "not cached: the cache folder cannot be written"
+
 
 def fingerprint_files(files: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
@@ -58,9 +62,11 @@ class _ChecksumMismatch(ValueError):
     pass
 
 
-def cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | None = None) -> Dataset:
-    """The dataset from the cache file at `path`, else from build(), checked and then cached there.
+def cached(path: Path, build: Callable[[str], Dataset], log: Log, *, source: str | None = None) -> Dataset:
+    """The dataset from the cache file at `path`, else from build(note), checked and then cached there.
 
+    `note` is what build's first-read line says in its parentheses: CACHED_AFTERWARDS, or NOT_CACHED when the cache
+    folder cannot be written (a warning then says why), so that line is true either way.
     A cache file that fails in any way (unreadable, wrong layout, checksum, labels) is rebuilt with a warning: the
     source is still there, so nothing is lost but time. `source` names the data in check_dataset's messages.
     """
@@ -92,26 +98,56 @@ def cached(path: Path, build: Callable[[], Dataset], log: Log, *, source: str | 
     return _build_and_write(path, build, log, source)
 
 
-def _build_and_write(path: Path, build: Callable[[], Dataset], log: Log, source: str | None) -> Dataset:
-    ds = build()
+def _build_and_write(path: Path, build: Callable[[str], Dataset], log: Log, source: str | None) -> Dataset:
+    # Asked before the build, whose first line says whether it is cached; warned about after it, so a source that
+    # is refused is one line.
+    blocked = _unwritable(path.parent)
+    ds = build(NOT_CACHED if blocked else CACHED_AFTERWARDS)
     # Before writing: a cache never holds a dataset we would refuse.
     check_data_limit(check_dataset(ds, source or ds.name), source or ds.name)
-    _write_cache(path, ds, log)
+    if blocked:
+        _not_written(path, blocked)
+    else:
+        _write_cache(path, ds, log)
     return ds
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be written in `folder` (created with its parents if missing), else None: tried with a file
+    created and removed at once. os.access cannot tell: it says yes to root, and knows nothing of /proc."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".speedrun-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return _why_not(folder, e)
+    return None
+
+
+def _why_not(folder: Path, e: OSError) -> str:
+    blocked = in_the_way(folder)
+    return (f"{blocked}: remove or rename it, or set SPEEDRUN_DATA to another folder" if blocked else
+            e.strerror or str(e))
+
+
+def _not_written(path: Path, why: str) -> None:
+    # A read-only or full cache dir costs speed next time, not correctness now.
+    warn(f"could not write cache {path} ({why}); continuing without it, so the next run decodes again")
 
 
 TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
 
 
-def checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over a JSON header (format, name, classes, each tensor's dtype and shape), then each tensor's raw
-    bytes in TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
+def checksum(name: str, classes: list[str], tensors: dict[str, torch.Tensor], unofficial: str = "") -> str:
+    """sha256 over a JSON header (format, name, classes, Dataset.unofficial, each tensor's dtype and shape), then
+    each tensor's raw bytes in TENSORS order; the shapes fix where one tensor's bytes end and the next begin.
 
     torch.load does not check the zip members' CRC-32, so without this a flipped byte in a label loads silently.
     Cost, measured on 60,000 x 3x32x32 images (184 MB, one AMD EPYC core with SHA-NI): 0.092 s per hash (2.0 GB/s),
     paid once per write and once per cache hit, which it takes from 0.045 s (torch.load alone) to 0.14 s.
     """
-    header = {"format": CACHE_FORMAT, "name": name, "classes": classes,
+    header = {"format": CACHE_FORMAT, "name": name, "classes": classes, "unofficial": unofficial,
               "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)] for k in TENSORS]}
     h = hashlib.sha256(json.dumps(header).encode())  # ensure_ascii: any str, surrogates included, encodes
     for k in TENSORS:
@@ -137,26 +173,28 @@ def _read_cache(path: Path) -> Dataset:
         raise ValueError("not a speedrun cache file of this version")
     tensors = {k: d[k] for k in TENSORS}
     name, classes, digest = d["name"], d["classes"], d["sha256"]
+    unofficial = d.get("unofficial", "")
     ok = (
         all(isinstance(v, torch.Tensor) for v in tensors.values())
-        and isinstance(name, str) and isinstance(digest, str)
+        and isinstance(name, str) and isinstance(digest, str) and isinstance(unofficial, str)
         and isinstance(classes, list) and all(isinstance(c, str) for c in classes)
     )
     if not ok:
         raise ValueError("entries have the wrong types")
-    if checksum(name, classes, tensors) != digest:
+    if checksum(name, classes, tensors, unofficial) != digest:
         raise _ChecksumMismatch("checksum mismatch")
-    # Dataset checks dtypes and shapes, check_dataset the labels' range: both raise ValueError, so rebuild.
-    ds = Dataset(name, *(tensors[k].contiguous() for k in TENSORS), classes)
+    # Dataset checks dtypes and shapes, check_dataset the labels' range and class names: both raise ValueError,
+    # so rebuild.
+    ds = Dataset(name, *(tensors[k].contiguous() for k in TENSORS), classes, unofficial=unofficial)
     return check_dataset(ds, str(path))
 
 
 def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
     """Write atomically (temp file in the same directory, then os.replace) and drop this source's old caches."""
     shown = str(path)
-    payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes)}
+    payload = {"format": CACHE_FORMAT, "name": ds.name, "classes": list(ds.classes), "unofficial": ds.unofficial}
     payload.update({k: getattr(ds, k) for k in TENSORS})
-    payload["sha256"] = checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in TENSORS})
+    payload["sha256"] = checksum(ds.name, list(ds.classes), {k: getattr(ds, k) for k in TENSORS}, ds.unofficial)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,12 +206,8 @@ def _write_cache(path: Path, ds: Dataset, log: Log) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-    except OSError as e:
-        # A read-only or full cache dir costs speed next time, not correctness now.
-        blocked = in_the_way(path.parent)
-        why = (f"{blocked}: remove or rename it, or set SPEEDRUN_DATA to another folder" if blocked else
-               e.strerror or str(e))
-        warn(f"could not write cache {shown} ({why}); continuing without it, so the next run decodes again")
+    except OSError as e:  # the folder took a probe file (_unwritable), but not this one: full, say
+        _not_written(path, _why_not(path.parent, e))
         return
     finally:
         if tmp is not None and os.path.exists(tmp):

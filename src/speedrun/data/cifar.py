@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 
 from speedrun.data import limits
-from speedrun.data.download import Remote
+from speedrun.data.dataset import stored_class_names
+from speedrun.data.download import Remote, md5_file
 
 _KRIZ = "https://www.cs.toronto.edu/~kriz/"
 # Archive MD5s as published by the authors; the same values torchvision checks (datasets/cifar.py).
@@ -28,7 +29,17 @@ REMOTES = {
     "cifar100": Remote("cifar", ((_KRIZ + "cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),)),
 }
 ARCHIVE_NAMES = {"cifar10": "cifar-10-python.tar.gz", "cifar100": "cifar-100-python.tar.gz"}
-_SUBDIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+SUBDIRS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+# The MD5 of every file read_batches reads, as the archives extract (the values torchvision checks): a folder of
+# batches is the named dataset only when it holds exactly these files, each unchanged.
+PUBLISHED_BATCHES = {
+    "cifar10": {"data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+                "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+                "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
+                "batches.meta": "5ff9c542aee3614f3951f8cda6e48888"},
+    "cifar100": {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+                 "meta": "7973b15100ade9c7d40fb424638fde48"},
+}
 
 
 def _numpy_attr(submodule: str, name: str) -> object:
@@ -248,14 +259,25 @@ def _class_names(meta_path: Path, key: str) -> list[str]:
     names = _get(load_batch(meta_path), key, meta_path)
     if not isinstance(names, list) or not names:
         raise ValueError(f"{meta_path}: {key!r} should be a non-empty list of class names")
-    # Names are only shown, so an undecodable byte becomes U+FFFD rather than an error.
-    return [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names]
+    if len(names) > limits.MAX_CLASSES:  # before any is decoded: a damaged list may be millions long
+        raise ValueError(f"{meta_path}: {key!r} holds {len(names):,} class names, over the limit of "
+                         f"{limits.MAX_CLASSES:,}; replace it with a good copy")
+    decoded = []
+    for i, n in enumerate(names):
+        if not isinstance(n, (bytes, str)):  # type(n): str() of a huge int is slow, or refused by Python itself
+            raise ValueError(f"{meta_path}: class {i} in {key!r} is a {type(n).__name__}, not a name; replace "
+                             "it with a good copy")
+        # Bytes that are not UTF-8 keep their bytes (as os.fsdecode keeps a folder name's), so stored_class_names
+        # writes them \xNN, as it writes an image folder's.
+        decoded.append(n.decode("utf-8", "surrogateescape") if isinstance(n, bytes) else n)
+    return stored_class_names(decoded, f"{meta_path} ({key!r})",
+                              fix=f"fix the names in {meta_path.name} or replace it with a good copy")
 
 
 def find_batches(root: Path) -> tuple[str, Path] | None:
     """Where extracted CIFAR batches are under `root` (itself or the official subfolder), and which kind."""
     for kind in ("cifar10", "cifar100"):
-        for d in (root, root / _SUBDIRS[kind]):
+        for d in (root, root / SUBDIRS[kind]):
             if kind == "cifar10" and (d / "test_batch").is_file() and _train_batches(d):
                 return kind, d
             if kind == "cifar100" and (d / "train").is_file() and (d / "test").is_file() and (d / "meta").is_file():
@@ -280,6 +302,23 @@ def source_files(kind: str, d: Path) -> list[Path]:
     if kind == "cifar10":
         return [*_train_batches(d), d / "test_batch", d / "batches.meta"]
     return [d / "train", d / "test", d / "meta"]
+
+
+def unpublished(kind: str, d: Path) -> str:
+    """How the batches `read_batches(kind, d)` reads differ from the published ones (PUBLISHED_BATCHES): a file
+    more or less, or another MD5; empty when they are those. Reads every file once (180 MB: about 0.3 s)."""
+    published = PUBLISHED_BATCHES[kind]
+    files = {p.name: p for p in source_files(kind, d)}
+    extra = sorted(set(files) - set(published))
+    missing = sorted(n for n in published if n not in files or not files[n].is_file())
+    if extra or missing:
+        return (f"{d} holds {', '.join(extra)}, which the published batches do not" if extra else
+                f"{d} lacks {', '.join(missing)} of the published batches")
+    for name, md5 in published.items():
+        actual = md5_file(files[name])
+        if actual != md5:
+            return f"{name} has md5 {actual}, not the published {md5}"
+    return ""
 
 
 def read_batches(kind: str, d: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:

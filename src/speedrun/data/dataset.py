@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from speedrun.data import limits
+from speedrun.errors import printable
+
+# The longest class name a saved model's card keeps (run/model_files.py parse_card holds it to this): a folder name
+# of 255 bytes that are not UTF-8 is 1,020 characters once errors.printable writes each byte as \xNN.
+MAX_CLASS_NAME_CHARS = 1024
 
 
 @dataclass
@@ -28,6 +35,10 @@ class Dataset:
     # and what the source's listing left out ("left out: 1 hidden (.DS_Store)"): said by describe(), not cached.
     test_from: str = ""
     left_out: str = ""
+    # A named dataset's copy from data_dir (--data-dir) whose files are not the published ones: how they differ
+    # ("cifar-10-python.tar.gz has md5 ..., not the published ..."); empty for the published files and for datasets
+    # named by their path. Cached with the pixels (the check reads every byte once), said by describe().
+    unofficial: str = ""
 
     def __post_init__(self) -> None:
         # Tensors often come from files (or from a user of the Python API): a wrong type or shape is bad input, so
@@ -70,8 +81,9 @@ class Dataset:
         c, h, w = self.image_shape
         test_from = f" (from {self.test_from})" if self.test_from else ""
         left_out = f"; {self.left_out}" if self.left_out else ""
+        unofficial = f"; not the published files: {self.unofficial}" if self.unofficial else ""
         return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test{test_from}, "
-                f"{c}x{h}x{w}, {self.num_classes} classes{left_out}")
+                f"{c}x{h}x{w}, {self.num_classes} classes{left_out}{unofficial}")
 
     def test_sample(self, n: int) -> Dataset:
         """The dataset with the first n test images of a fixed random order (a test folder is class-ordered, so
@@ -86,11 +98,73 @@ def _describe(v: object) -> str:
     return f"{v.dtype} {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
 
 
+def _same_name(names: Sequence[str]) -> tuple[int, int] | None:
+    """The first (j, i), j < i, of two names that are one name after Unicode NFC normalisation ("café" composed,
+    U+00E9, and decomposed, "e" + U+0301, print alike); None when all differ."""
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        key = unicodedata.normalize("NFC", name)
+        if key in seen:
+            return seen[key], i
+        seen[key] = i
+    return None
+
+
+def stored_class_names(names: Sequence[str], where: str, *, noun: str = "class names",
+                       fix: str = "rename one of them") -> list[str]:
+    """Class names read from outside (folder names, a CIFAR meta file) as a dataset, its cache and a saved model's
+    card store them: escaped by errors.printable. Refused, one line naming `where` and ending in `fix`, when a name
+    is empty or longer than MAX_CLASS_NAME_CHARS once escaped, or when two are one name once escaped and NFC
+    normalised (their classes would print alike, and a card's class index would name one class twice). `noun`
+    names the pair in the message ("class folders")."""
+    stored = [printable(name) for name in names]
+    for i, name in enumerate(stored):
+        if not 0 < len(name) <= MAX_CLASS_NAME_CHARS:
+            what = "is empty" if not name else f"is {len(name):,} characters long once escaped ({name[:40]!r}...)"
+            raise ValueError(f"{where}: class {i}'s name {what}; a class name is 1 to {MAX_CLASS_NAME_CHARS:,} "
+                             f"characters (a saved model's card keeps it): {fix}")
+    pair = _same_name(stored)
+    if pair is not None:
+        j, i = pair
+        first, second = names[j], names[i]
+        if first == second:
+            why = f"{first!r} twice (classes {j} and {i})"
+        elif stored[j] == stored[i]:
+            why = (f"{first!r} and {second!r}, whose names are stored alike as {stored[i]!r} (control characters and "
+                   "bytes that are not UTF-8 are escaped)")
+        else:
+            why = (f"{first!r} and {second!r}, one name in two Unicode spellings ({ascii(first)} and "
+                   f"{ascii(second)}: equal after NFC normalisation)")
+        raise ValueError(f"{where} has {noun} {why}; {fix}")
+    return stored
+
+
+def check_class_names(classes: Sequence[object], source: str) -> None:
+    """Refuse, naming `source`, class names a saved model's card would refuse (run/model_files.py parse_card:
+    printable strings of 1 to MAX_CLASS_NAME_CHARS characters) or that are one name after NFC normalisation.
+    Every reader stores its names through stored_class_names, which meets this; here the rule holds for every
+    dataset (a cache written by another version, a Dataset built in Python) before any training."""
+    for i, name in enumerate(classes):
+        if not (isinstance(name, str) and 0 < len(name) <= MAX_CLASS_NAME_CHARS and name.isprintable()):
+            raise ValueError(f"{source}: class {i} is {repr(name)[:80]}; class names are printable strings of 1 to "
+                             f"{MAX_CLASS_NAME_CHARS:,} characters (a saved model's card keeps them): escape them "
+                             "with speedrun.errors.printable or rename them")
+    pair = _same_name(classes)  # type: ignore[arg-type]  # every one a str, above
+    if pair is not None:
+        j, i = pair
+        first, second = classes[j], classes[i]
+        same = (f"both {first!r}" if first == second else
+                f"{first!r} and {second!r}, one name in two Unicode spellings ({ascii(first)} and {ascii(second)}: "
+                "equal after NFC normalisation)")
+        raise ValueError(f"{source}: classes {j} and {i} are {same}; give each class its own name")
+
+
 def check_dataset(ds: Dataset, source: str) -> Dataset:
     """Refuse, with one line naming `source`, a dataset that training could not use; return it unchanged.
 
     Applied to every dataset load_dataset returns (built, cached or synthetic) and to every build before it is
-    cached: both splits hold images, at least 2 classes, C 1 or 3, labels in [0, num_classes).
+    cached: both splits hold images, at least 2 classes, C 1 or 3, labels in [0, num_classes), class names a saved
+    model's card keeps (check_class_names): so a run that trains can also be saved.
     """
     for split in ("train", "test"):  # dtypes and shapes are Dataset.__post_init__'s check, on construction
         if len(getattr(ds, f"{split}_images")) == 0:
@@ -111,6 +185,7 @@ def check_dataset(ds: Dataset, source: str) -> Dataset:
         if low < 0 or high >= ds.num_classes:
             raise ValueError(f"{source}: {split} label {low if low < 0 else high} is outside [0, {ds.num_classes}) "
                              f"for its {ds.num_classes} classes; fix the labels or the class list")
+    check_class_names(ds.classes, source)
     return ds
 
 

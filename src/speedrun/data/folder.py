@@ -24,6 +24,7 @@ import os
 import signal
 import stat
 import sys
+import unicodedata
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ import numpy as np
 from PIL import Image
 
 from speedrun.data import limits
-from speedrun.errors import printable
+from speedrun.data.dataset import stored_class_names
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Pillow picks a decoder by the file's content, not its name: without this list an EPS file named x.png would
@@ -174,18 +175,12 @@ def class_dirs(split_dir: Path, left_out: LeftOut | None = None, prefix: str = "
 
 
 def distinct_names(names: list[str], where: Path) -> list[str]:
-    """The class folder names as stored (errors.printable), refused when two of them show as the same text (a
-    newline and a backslash-n: "a\nb" and "a\\nb"): their classes would merge, or a class index would name one
-    class twice."""
-    shown: dict[str, str] = {}
-    for name in names:
-        stored = printable(name)
-        if stored in shown:
-            raise ValueError(f"{where} has class folders {shown[stored]!r} and {name!r}, whose names are stored "
-                             f"alike as {stored!r} (control characters and bytes that are not UTF-8 are escaped); "
-                             "rename one of them")
-        shown[stored] = name
-    return list(shown)
+    """The class folder names as stored (errors.printable), refused when two of them are one name once stored: shown
+    as the same text (a newline and a backslash-n: "a\nb" and "a\\nb"), or one name in two Unicode spellings
+    ("café" composed and decomposed, equal after NFC normalisation). Their classes would merge, or print alike
+    and a class index would name one class twice. The in-memory image folder and `speedrun data prepare`
+    (prepare.py) both list their classes through this (dataset.stored_class_names, every source's rule)."""
+    return stored_class_names(names, str(where), noun="class folders", fix="rename one of them")
 
 
 def _image_file(e: os.DirEntry, rel: str, label: int) -> ImageFile:
@@ -231,6 +226,15 @@ def list_images(root: Path) -> Listing:
     if test_classes != classes:
         only_train = sorted(set(classes) - set(test_classes))
         only_test = sorted(set(test_classes) - set(classes))
+        # One name in two Unicode spellings (a tree copied between file systems that store names NFC and NFD)
+        # would be listed as two names that print alike: say which, by their code points.
+        spelled = {unicodedata.normalize("NFC", n): n for n in only_test}
+        twin = next(((n, spelled[unicodedata.normalize("NFC", n)]) for n in only_train
+                     if unicodedata.normalize("NFC", n) in spelled), None)
+        if twin is not None:
+            raise ValueError(f"{root}: train/ has class folder {twin[0]!r} and {test_folder}/ {twin[1]!r}, one name "
+                             f"in two Unicode spellings ({ascii(twin[0])} and {ascii(twin[1])}: equal after NFC "
+                             f"normalisation); rename one so that train/ and {test_folder}/ spell it alike")
         raise ValueError(
             f"{root}: train/ and {test_folder}/ must hold the same class folders; "
             f"only in train: {only_train or 'none'}, only in {test_folder}: {only_test or 'none'}"
@@ -251,8 +255,9 @@ def list_images(root: Path) -> Listing:
             empty = sorted(set(range(len(classes))) - {f.label for f in files})
             if empty:
                 names = ", ".join(classes[i] for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+                # Every class folder is in train/ and in the test split's folder (checked above).
                 raise ValueError(f"{root / 'train'}: class folder(s) {names} hold no .jpg/.jpeg/.png "
-                                 f"images; add training images or remove the folder from train/ and {folder_name}/")
+                                 f"images; add training images or remove the folder from train/ and {test_folder}/")
         splits[split] = files
     return Listing(stored, splits, test_folder, left_out)
 

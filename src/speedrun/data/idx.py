@@ -134,13 +134,15 @@ def _read_idx_stream(f: BinaryIO, path: Path, shape: tuple[int | None, ...] | No
 def find_files(root: Path) -> dict[str, Path] | None:
     """Role -> path for the four IDX files in `root` (or its `raw/`), gzipped or not; None if none at all.
 
+    A .gz file is taken before its uncompressed twin (torchvision's raw/ holds both): the published files are the
+    gzipped ones, and only they have an MD5 to check a named dataset's copy against.
     Raises if only some are there, because then the user clearly meant this folder.
     """
     for d in (root, root / "raw"):
         found: dict[str, Path] = {}
         for role, base in FILES.items():
             dotted = base.replace("-idx", ".idx")
-            for name in (base, base + ".gz", dotted, dotted + ".gz"):
+            for name in (base + ".gz", base, dotted + ".gz", dotted):
                 if (d / name).is_file():
                     found[role] = d / name
                     break

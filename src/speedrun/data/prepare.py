@@ -178,8 +178,11 @@ def read_source(src: Path) -> Source:
             raise ValueError(f"{split_dirs[split]} has no .jpg/.jpeg/.png images in its class "
                              "folders; add images or remove the folder")
         if empty:
+            # Kept in the index (a label is a position); the imagenet recipes refuse a class they never train on.
+            refused = ("; training refuses a class without training images: add images or remove the folder(s)"
+                       if split == "train" else "")
             warn(f"{split_dirs[split]}: class folder(s) {', '.join(empty[:5])}"
-                 f"{' ...' if len(empty) > 5 else ''} hold no images")
+                 f"{' ...' if len(empty) > 5 else ''} hold no images{refused}")
         splits[split] = files
     return Source(stored, splits, left_out, beside)
 

@@ -4,10 +4,11 @@ SRC's layout and the labels: data/prepare.py, which lists the files and prepares
 
     classes.json                      the class names, a JSON list: label = position
     SPLIT-NNNNN.tar, SPLIT-index.npy  each split's shards (data/shards.py), images in (class, file name) order
-    manifest.json                     written last: format version, settings, SRC, and for each split a fingerprint
+    manifest.json                     written last: format version, settings, SRC, the number of classes and the
+                                      SHA-256 of classes.json (readers check it), and for each split a fingerprint
                                       of the source listing (relative path, size, mtime_ns of every image file),
                                       the SHA-256 of its index and of every shard, and which source files each
-                                      shard was prepared from
+                                      shard was prepared from; the splits it lists are the folder's splits
 
 A run prepares again only the splits whose fingerprint, settings or class index differ from the manifest; a
 manifest that is not one we wrote is no manifest. A split that is otherwise up to date is checked against the
@@ -20,14 +21,21 @@ as they are, on the first run that finds them whole.
 
 DST changes only when all is done: new splits are written into a staging folder inside DST and moved into place
 once every one is whole, so a failure (--on-error stop, Ctrl-C, a full disk) leaves DST as it was; the price is room
-for the new shards beside the old ones while the run lasts. A split rewritten with fewer shards loses its extra old
-ones (files named exactly as shards.shard_name names that split's); no other file in DST is touched, none in SRC.
+for the new shards beside the old ones while the run lasts.
+
+Prepare never replaces nor deletes a file it did not write. DST must be absent, empty, or a folder prepare wrote:
+its manifest says so (its format), or, that manifest damaged or lost, a shard index and classes.json are in
+prepare's formats (shards.foreign_entry); any other folder is refused, naming a file in it, before SRC is read. A
+split rewritten with fewer shards loses the extra old ones its manifest listed. Split files the manifest does not
+list (a split SRC has not, files someone put there) are left as they are and named in a warning: every reader
+ignores them (shards.listed_splits). No other file in DST is touched, none in SRC.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -49,15 +57,16 @@ from speedrun.data import folder, shards
 from speedrun.data.prepare import (DEFAULT_MAX_SIDE_PX, DEFAULT_QUALITY, SPLITS, SourceFile, check_settings,
                                    fingerprint, prepare_all, read_source, worker_pool)
 from speedrun.errors import escaped_refusals, printable, warn
-from speedrun.paths import in_the_way
+from speedrun.paths import in_the_way, make_folder, user_path
 from speedrun.records.result_file import write_text
 
 FORMAT, VERSION = shards.PREPARED_FORMAT, 1
-MANIFEST, CLASSES = shards.MANIFEST, "classes.json"
+MANIFEST, CLASSES = shards.MANIFEST, shards.CLASSES
 SHARD_BYTES = 256 * 2**20  # shards.write_split's default: ImageNet's train split at 256 px is about 75 shards
 _MAX_MANIFEST_BYTES = 64 * 2**20  # about 200 bytes per shard: ImageNet-21k's ~1,400 shards take 280 KB
 _MAX_WORKERS = 256
-_STAGE_PREFIX = ".speedrun-prepare-"
+_STAGE_PREFIX = shards.STAGE_PREFIX
+_SHOWN_FILES = 5  # unlisted files a warning names; the rest are counted
 _PROGRESS_S = 30.0
 _SAY_CHECKING_BYTES = 2**30  # a check of more than this says so first: it takes seconds
 
@@ -168,11 +177,22 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     if not isinstance(workers, int) or not 0 <= workers <= _MAX_WORKERS:
         raise ValueError(f"--workers must be 0 to {_MAX_WORKERS}, got {workers}; 0 prepares in this process")
     if on_error not in ("skip", "stop"):
-        raise ValueError(f"--on-error must be skip or stop, got {on_error}")
+        raise ValueError(f"--on-error must be skip or stop, got {on_error}; pass --on-error skip or --on-error stop")
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
-        raise ValueError(f"shard_bytes must be a positive number of bytes, got {shard_bytes}")
+        raise ValueError(f"shard_bytes must be a positive number of bytes, got {shard_bytes}; leave it out for "
+                         f"{SHARD_BYTES // 2**20} MiB shards")
     log = log or (lambda line: None)
     src_dir, dst_dir = _paths(src, dst)
+    try:
+        foreign = shards.foreign_entry(dst_dir)  # before SRC is listed (minutes for ImageNet): a refusal is at once
+    except OSError as e:
+        raise ValueError(f"cannot list DST {dst} ({folder.refusal_reason(e)}); choose a DST you can read and "
+                         "write") from None
+    if foreign is not None:
+        held = (f"its {MANIFEST} is another program's" if foreign == MANIFEST else
+                f"it holds {foreign} and no {MANIFEST} of prepare's")
+        raise ValueError(f"DST {dst} is not a folder speedrun data prepare wrote ({held}), and prepare never replaces "
+                         "nor deletes files it did not write; choose a new or empty DST")
     source = read_source(src_dir)
     classes, splits = source.classes, source.splits
     settings = {"max_side_px": int(max_side_px), "quality": int(quality), "shard_bytes": int(shard_bytes)}
@@ -195,61 +215,126 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
         else:
             todo.append(_Job(split, files, listed, report, check if check is not None and check.repairable else None))
         reports.append(report)
-    for split in sorted(set(old["splits"]) - set(splits)) if old else []:
-        warn(f"{dst_dir} holds split {split}, which {src_dir} no longer has: its "
-             f"files are left as they are ({split}-*.tar, {split}-index.npy) and no longer in {MANIFEST}")
+    dropped = sorted(set(old["splits"]) - set(splits)) if old else []
     manifest = {"format": FORMAT, "version": VERSION, "settings": settings, "classes_sha256": classes_sha,
-                "source": os.fspath(src_dir), "splits": entries}
+                "num_classes": len(classes), "source": os.fspath(src_dir), "splits": entries}
     classes_ok = _read_small(dst_dir / CLASSES, len(classes_bytes)) == classes_bytes
     done_report = Report(str(dst), classes, reports, str(src), source.beside, classes_written=not classes_ok)
-    if not todo and classes_ok and old == manifest:
-        with _locked(dst_dir):
-            _remove_stages(dst_dir)  # left by a run that was killed (SIGKILL, power loss): GBs, perhaps
-        return done_report
-
-    _check_targets(dst_dir, [MANIFEST, CLASSES, *(f"{job.split}-index.npy" for job in todo)])
-    created = not dst_dir.exists()
-    dst_dir.mkdir(parents=True, exist_ok=True)
-    done = False
-    # The workers are forked before the lock is taken: a process forked while it is held shares it, and a worker
-    # outliving a killed run would keep every later run out ("another ... is writing") for as long as it lived.
-    with worker_pool(workers if todo else 0) as pool, _locked(dst_dir):
-        _remove_stages(dst_dir)
-        stage = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=dst_dir))
-        try:
-            for job in todo:
-                if job.repair is not None and _repair_split(job, dst_dir, stage, pool, workers, settings, on_error,
-                                                            log):
-                    continue
-                job.report = SplitReport(job.split, job.report.images, job.report.ignored, job.report.left_out)
-                log(f"{job.split}: preparing {len(job.files):,} images with {workers or 'no'} worker process(es)")
-                _write_split(job, stage, pool, workers, settings, on_error, log)
-            reports[:] = [next((job.report for job in todo if job.split == r.split), r) for r in reports]
-            # Every new split is whole: move them in. The manifest first forgets them, so that a crash while moving
-            # leaves splits the next run prepares again, never a manifest vouching for shards it does not describe.
-            _check_targets(dst_dir, [shards.shard_name(job.split, k) for job in todo for k in job.staged])
-            if todo:
-                _write_json(dst_dir / MANIFEST, manifest)
-            if not classes_ok:
-                _write_bytes(dst_dir / CLASSES, classes_bytes)
-            for job in todo:
-                _move_in(stage, dst_dir, job.split, job.staged, job.report.shards)
-                entries[job.split] = job.entry
-            _write_json(dst_dir / MANIFEST, manifest)
-            done = True
-        finally:
-            _remove_stage(stage)
-            if created and not done:
-                with contextlib.suppress(OSError):
-                    dst_dir.rmdir()
+    try:
+        if not todo and classes_ok and old == manifest:
+            with _locked(dst_dir):
+                _remove_stages(dst_dir)  # left by a run that was killed (SIGKILL, power loss): GBs, perhaps
+        else:
+            _write(dst_dir, todo, reports, entries, manifest, old, classes_ok, classes_bytes, workers=workers,
+                   settings=settings, on_error=on_error, log=log)
+        _warn_unlisted(dst_dir, str(dst), str(src), entries, dropped)
+    except OSError as e:  # DST's: SRC's files are read in prepare_image, whose failures are its one-line strings
+        fix = ("free disk space, or choose a DST on another disk" if e.errno == errno.ENOSPC else
+               "choose a DST you can write to")
+        where = f": {e.filename}" if e.filename else ""
+        raise ValueError(f"cannot write DST {dst} ({folder.refusal_reason(e)}{where}); {fix}") from None
     return done_report
 
 
+def _write(dst_dir: Path, todo: list[_Job], reports: list[SplitReport], entries: dict, manifest: dict,
+           old: dict | None, classes_ok: bool, classes_bytes: bytes, *, workers: int, settings: dict,
+           on_error: str, log: Callable[[str], None]) -> None:
+    """Write the splits `todo` and what changed (classes.json, the manifest) into DST (see the module)."""
+    _check_targets(dst_dir, [MANIFEST, CLASSES, *(f"{job.split}-index.npy" for job in todo)])
+    created = not dst_dir.exists()
+    make_folder(dst_dir, "DST", "choose a DST in a folder you can write to")
+    done = False
+    # The workers are forked before the lock is taken: a process forked while it is held shares it, and a worker
+    # outliving a killed run would keep every later run out ("another ... is writing") for as long as it lived.
+    try:
+        with worker_pool(workers if todo else 0) as pool, _locked(dst_dir):
+            _remove_stages(dst_dir)
+            stage = Path(tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=dst_dir))
+            try:
+                for job in todo:
+                    if job.repair is not None and _repair_split(job, dst_dir, stage, pool, workers, settings,
+                                                                on_error, log):
+                        continue
+                    job.report = SplitReport(job.split, job.report.images, job.report.ignored, job.report.left_out)
+                    log(f"{job.split}: preparing {len(job.files):,} images with {workers or 'no'} worker "
+                        "process(es)")
+                    _write_split(job, stage, pool, workers, settings, on_error, log)
+                reports[:] = [next((job.report for job in todo if job.split == r.split), r) for r in reports]
+                # Every new split is whole: move them in. The manifest first forgets them, so that a crash while
+                # moving leaves splits the next run prepares again, never a manifest vouching for shards it does
+                # not describe.
+                _check_targets(dst_dir, [shards.shard_name(job.split, k) for job in todo for k in job.staged])
+                if todo:
+                    _write_json(dst_dir / MANIFEST, manifest)
+                if not classes_ok:
+                    _write_bytes(dst_dir / CLASSES, classes_bytes)
+                for job in todo:
+                    # Shards beyond the new count are removed only where the manifest this run found listed them.
+                    before = old["splits"][job.split]["shards"] if old and job.split in old["splits"] else 0
+                    _move_in(stage, dst_dir, job.split, job.staged, job.report.shards, before)
+                    entries[job.split] = job.entry
+                _write_json(dst_dir / MANIFEST, manifest)
+                done = True
+            finally:
+                _remove_stage(stage)
+    finally:
+        if created and not done:  # the lock released: DST as it was, absent
+            with contextlib.suppress(OSError):
+                dst_dir.rmdir()
+
+
+def _unlisted(dst: Path, entries: dict) -> dict[str, list[str]]:
+    """{split: its files in DST that the manifest's `entries` do not list}: the index and shards of a split it does
+    not list, the shards of a listed split numbered beyond its count. Folders are left out: none is ours."""
+    found: dict[str, list[str]] = {}
+    with os.scandir(dst) as listing:
+        entries_here = sorted(listing, key=lambda e: e.name)
+    for e in entries_here:
+        split, _, rest = e.name.partition("-")
+        if split not in SPLITS or e.is_dir(follow_symlinks=False):
+            continue
+        digits = rest[:-len(".tar")] if rest.endswith(".tar") else ""
+        shard = digits.isdigit() and digits.isascii() and e.name == shards.shard_name(split, int(digits))
+        listed = entries[split]["shards"] if split in entries else 0
+        if (rest == "index.npy" and split not in entries) or (shard and int(digits) >= listed):
+            found.setdefault(split, []).append(e.name)
+    return found
+
+
+def _named(names: list[str]) -> str:
+    more = f" and {len(names) - _SHOWN_FILES} more" if len(names) > _SHOWN_FILES else ""
+    return ", ".join(names[:_SHOWN_FILES]) + more
+
+
+def _warn_unlisted(dst: Path, shown_dst: str, shown_src: str, entries: dict, dropped: list[str]) -> None:
+    """Say which split files in DST its manifest does not list (every reader ignores them) and what to do: a split
+    the manifest listed and SRC has not (its folder gone, or another SRC), or files someone else put there."""
+    unlisted = _unlisted(dst, entries)
+    for split in dropped:
+        files = unlisted.pop(split, [])
+        kept = (f"; its files ({_named(files)}) are left as they are and every reader ignores them: remove them"
+                if files else "")
+        warn(f"{shown_dst}'s {MANIFEST} listed split {split}, which SRC {shown_src} has not (no {split}/ folder): "
+             f"it is no longer in the manifest{kept}")
+    rest = [name for files in unlisted.values() for name in files]
+    if rest:
+        warn(f"{shown_dst} holds {_named(rest)}, which its {MANIFEST} does not list: no split of this folder, every "
+             "reader ignores them; remove them")
+
+
 def _paths(src: str | os.PathLike, dst: str | os.PathLike) -> tuple[Path, Path]:
-    """Both folders resolved (symlinks followed, so a DST that links into SRC is seen), SRC checked."""
+    """Both folders resolved (symlinks followed, so a DST that links into SRC is seen), SRC checked. An empty path
+    (an unset shell variable) is refused: it would mean the current folder."""
+    for name, value, what in (("SRC", src, "the image folder (it holds train/, val/ or test/, or the class "
+                                           "folders)"),
+                              ("DST", dst, "the folder for the shards (new, empty, or one prepare wrote)")):
+        text = os.fsdecode(value)
+        if not text.strip():
+            said = "is empty" if not text else f"{text!r} is only whitespace"
+            raise ValueError(f"{name} {said} (an unset shell variable?); give {what}")
     shown_src, shown_dst = str(src), str(dst)
     try:
-        src_dir, dst_dir = Path(src).resolve(), Path(dst).resolve()
+        src_dir, dst_dir = user_path(src, "SRC").resolve(), user_path(dst, "DST").resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError after
         raise ValueError(f"cannot resolve {shown_src} or {shown_dst} ({folder.refusal_reason(e)}); "
                          "fix the link") from None
@@ -301,7 +386,7 @@ def _read_manifest(dst: Path) -> dict | None:
             and isinstance(m.get("settings"), dict) and all(count(v) for v in m["settings"].values())
             and isinstance(m.get("splits"), dict)):
         return None
-    if not isinstance(m.get("source", ""), str):
+    if not isinstance(m.get("source", ""), str) or not count(m.get("num_classes", 0)):
         return None
     for split, entry in m["splits"].items():
         if (split not in SPLITS or not isinstance(entry, dict) or not isinstance(entry.get("fingerprint"), str)
@@ -553,9 +638,10 @@ def _repair_split(job: _Job, dst: Path, stage: Path, pool: cf.ProcessPoolExecuto
     return True
 
 
-def _move_in(stage: Path, dst: Path, split: str, numbers: list[int], count: int) -> None:
+def _move_in(stage: Path, dst: Path, split: str, numbers: list[int], count: int, listed: int) -> None:
     """The staged split replaces DST's: the shards `numbers`, then the index, then DST's shards of this split
-    beyond `count`."""
+    numbered `count` to `listed` - 1 (those beyond the new count that the manifest listed: no other file is
+    removed)."""
     for number in numbers:
         os.replace(stage / shards.shard_name(split, number), dst / shards.shard_name(split, number))
     os.replace(stage / f"{split}-index.npy", dst / f"{split}-index.npy")
@@ -563,7 +649,7 @@ def _move_in(stage: Path, dst: Path, split: str, numbers: list[int], count: int)
         digits = e.name[len(split) + 1:-len(".tar")]
         # Exactly the names shard_name gives (train-00012.tar), and no folder: nothing else in DST is ours.
         if (digits.isdigit() and digits.isascii() and e.name == shards.shard_name(split, int(digits))
-                and int(digits) >= count and not e.is_dir(follow_symlinks=False)):
+                and count <= int(digits) < listed and not e.is_dir(follow_symlinks=False)):
             os.unlink(e.path)
 
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from speedrun.data.loader import steps_for
-from speedrun.data.shards import Shards, repair_advice
+from speedrun.data.shards import Shards, check_listed, repair_advice
 
 MAX_DECODE_SIDE_PX = 8192  # a shard's JPEG is prepared at <= 8192 px (data/prepare.py); larger is not ours
 RRC_TRIES = 10  # torchvision's RandomResizedCrop draws up to 10 boxes before it falls back to a central crop
@@ -118,6 +118,7 @@ class ShardImages(torch.utils.data.Dataset):
     def __init__(self, root: str, split: str, decode_px: int, raw: bool = False):
         self.root, self.split, self.decode_px, self.raw = root, split, decode_px, raw
         self._shards: Shards | None = None
+        check_listed(root, split)  # a split file the folder's manifest does not list is no split of it
         with Shards(root, split) as shards:  # checked here, in the main process: errors are one line, early
             self.labels = torch.from_numpy(shards.index[:, 3].copy())
 

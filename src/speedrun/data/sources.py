@@ -8,6 +8,7 @@ The cache (`cache.py`) is keyed by a fingerprint of the source, so editing an im
 
 from __future__ import annotations
 
+import heapq
 import operator
 import os
 import tempfile
@@ -21,10 +22,10 @@ import torch
 
 from speedrun.data import cifar, folder, idx, limits, synthetic
 from speedrun.data.archive import safe_extract
-from speedrun.data.cache import cache_path, cached, fingerprint_files
+from speedrun.data.cache import CACHED_AFTERWARDS, cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
-from speedrun.data.download import Remote, fetch
-from speedrun.errors import escaped_log, escaped_refusals, printable
+from speedrun.data.download import Remote, fetch, md5_file
+from speedrun.errors import escaped_log, escaped_refusals, printable, warn
 from speedrun.paths import data_root, make_folder, user_path
 
 # Every named dataset's published files; tests point the entries at local file:// archives.
@@ -52,7 +53,9 @@ def load_dataset(
     A path may be an image folder (ROOT/{train,test}/<class>/<image>, or val/ for test/: the test split then comes
     from val/, and describe() says so), a folder of CIFAR python batches,
     a cifar-*-python.tar.gz (or a folder holding one), or a folder of IDX files.
-    data_dir: where a named dataset's raw files already are; looked at before downloading.
+    data_dir: where a named dataset's raw files already are. Nothing is downloaded then: a folder without them is
+    refused, saying what it holds, and files that are not the published ones (MD5, or the set of batch files) load
+    with a warning, their Dataset's `unofficial` saying how they differ.
     cache_dir: downloads and caches go here; default $SPEEDRUN_DATA, else ~/.cache/speedrun.
     download: False never touches the network (cache, data_dir or files already in downloads/ only).
     log: receives progress lines (downloads, first-read decoding, cache hits), escaped (errors.printable) as
@@ -136,20 +139,21 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
                     f"{cifar.ARCHIVE_NAMES[name]} (or the folder holding it) as data_dir (--data-dir)"
                 )
             # A renamed archive of the other CIFAR is caught after extraction, where _read_archive checks the kind.
-            found = _Found("archive", root, (root,))
-            return _load_found(found, cache_root, log, name=name, classes=remote.classes)
+            return _published_or_warned(_Found("archive", root, (root,)), root, name, remote, cache_root, log)
         if not root.is_dir():
             if os.path.lexists(root):  # a symlink loop, a device, a FIFO ...
                 raise ValueError(f"data dir {root} is neither a folder nor an archive file; pass data_dir "
                                  "(--data-dir) as the folder or the archive")
             raise FileNotFoundError(f"data dir {root} does not exist; create it or fix data_dir (--data-dir)")
         found = _find_local(name, remote, root)
-        if found is not None:
-            return _load_found(found, cache_root, log, name=name, classes=remote.classes)
-        log(f"no {name} files in {root}; using {cache_root / 'downloads'}")
+        if found is None:
+            # The user said where the files are: downloading them elsewhere instead (170 MB for CIFAR) is not what
+            # was asked, and the useful line is what this folder lacks.
+            raise FileNotFoundError(_not_in_data_dir(name, remote, root, cache_root))
+        return _published_or_warned(found, root, name, remote, cache_root, log)
     downloads = cache_root / "downloads" / ("" if remote.kind == "cifar" else name)
 
-    def build() -> Dataset:
+    def build(note: str) -> Dataset:
         paths = []
         for url, md5 in remote.files:
             dest = downloads / url.rsplit("/", 1)[-1]
@@ -160,11 +164,106 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
                 )
             paths.append(fetch(url, dest, md5, log))
         if remote.kind == "cifar":
-            return _dataset(name, *_read_archive(paths[0], cache_root, log, expect=name)[1])
+            return _dataset(name, *_read_archive(paths[0], cache_root, log, expect=name, note=note)[1])
         return _dataset(name, *_read_idx(dict(zip(idx.FILES, paths)), remote.classes))
 
     md5s = "\n".join(md5 for _, md5 in remote.files)
     return cached(cache_path(cache_root, name, "official", md5s), build, log)
+
+
+def _published_or_warned(found: _Found, root: Path, name: str, remote: Remote, cache_root: Path, log: Log) -> Dataset:
+    """`name` from the files found in data_dir `root`, checked against the published ones (_unpublished).
+
+    A copy that differs (a hand-made or modified archive, a subset of the batches) is not `name`: it loads, as the
+    same files given as a path dataset do, but carries how it differs (Dataset.unofficial, kept in the cache, said
+    by describe()) and is warned about on every load, naming the fix. Loaded with a warning rather than refused:
+    small hand-made copies through data_dir are how scripts and tests run offline, and Dataset.unofficial lets
+    whatever records a run tell it from the published data, which the Dataset's name cannot (a CIFAR archive given
+    as a path is named "cifar10" by its kind, too).
+    """
+    ds = _load_found(found, cache_root, log, name=name, classes=remote.classes, published=remote)
+    if ds.unofficial:
+        warn(f"data_dir (--data-dir) {root} is not the published {name} ({ds.unofficial}), so its results are not "
+             f"{name}'s: use the published files, or give it as a path dataset (--dataset {root}) to have it "
+             "recorded under its own name")
+    return ds
+
+
+def _unpublished(found: _Found, remote: Remote) -> str:
+    """How the files of a data_dir copy differ from `remote`'s published ones; empty when they are those. Reads
+    every byte once more (about 0.3 s for CIFAR's 170 MB), on the first read only: the cache keeps the answer."""
+    try:
+        if found.kind == "archive":
+            ((url, md5),) = remote.files
+            actual = md5_file(found.path)
+            return "" if actual == md5 else f"{found.path.name} has md5 {actual}, not the published {md5}"
+        if found.kind == "idx":
+            published = dict(zip(idx.FILES, (md5 for _, md5 in remote.files)))
+            for role, path in found.idx_files:
+                if not path.name.endswith(".gz"):
+                    return f"{path.name} is not gzipped, and only the published .gz files have an md5 to check"
+                actual = md5_file(path)
+                if actual != published[role]:
+                    return f"{path.name} has md5 {actual}, not the published {published[role]}"
+            return ""
+        return cifar.unpublished(found.kind, found.path)
+    except OSError as e:
+        raise ValueError(f"cannot read {found.path} to check it against the published files ({e.strerror or e}); "
+                         "check its permissions") from None
+
+
+def _not_in_data_dir(name: str, remote: Remote, root: Path, cache_root: Path) -> str:
+    """The refusal of a data_dir `root` without `name`'s files: what was looked for, and what is there."""
+    if remote.kind == "cifar":
+        needs = (f"{cifar.ARCHIVE_NAMES[name]}, or its extracted batches ({', '.join(cifar.PUBLISHED_BATCHES[name])}) "
+                 f"in {root} or {root / cifar.SUBDIRS[name]}")
+        downloads = cache_root / "downloads"
+    else:
+        needs = (f"its four IDX files ({', '.join(idx.FILES.values())}, .gz or not) in {root} or {root / name}, "
+                 "or in a raw/ folder of either")
+        downloads = cache_root / "downloads" / name
+    return (f"data_dir (--data-dir) {root} holds no {name} files: {name} needs {needs}; {_holds(root, name)}: put "
+            f"{name}'s files there, or leave out data_dir (--data-dir) to download them once (md5-checked) into "
+            f"{downloads}")
+
+
+def _holds(root: Path, name: str) -> str:
+    """What the folder `root` holds, for _not_in_data_dir: another named dataset's files by whose they are, else its
+    first few entries by name."""
+    others = [f"{archive}, which is {kind}'s" for kind, archive in cifar.ARCHIVE_NAMES.items()
+              if kind != name and (root / archive).is_file()]
+    try:
+        batches = cifar.find_batches(root)
+        if batches is not None and batches[0] != name:
+            others.append(f"{batches[0]}'s extracted batches ({batches[1]})")
+        if SOURCES[name].kind != "idx" and idx.find_files(root) is not None:
+            others.append("the four IDX files of an MNIST-style dataset")
+    except OSError:  # a folder it cannot list, or only some IDX files: the listing below says what is there
+        pass
+    if others:
+        return f"it holds {' and '.join(others)}"
+    try:
+        with os.scandir(root) as it:
+            count, first = 0, []
+            for e in it:  # the first few by name, without holding a listing of millions
+                count += 1
+                first = heapq.nsmallest(_SHOWN_ENTRIES, [*first, e.name + ("/" if _is_dir(e) else "")])
+    except OSError as e:
+        return f"it cannot be listed ({e.strerror or e})"
+    if not count:
+        return "it is empty"
+    more = f" and {count - len(first)} more" if count > len(first) else ""
+    return f"it holds {', '.join(first)}{more}"
+
+
+_SHOWN_ENTRIES = 5
+
+
+def _is_dir(e: os.DirEntry) -> bool:
+    try:
+        return e.is_dir()
+    except OSError:  # a symlink loop
+        return False
 
 
 @dataclass(frozen=True)
@@ -241,7 +340,9 @@ def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = 
 
 
 def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes: tuple[str, ...],
-                image_size: int | None = None) -> Dataset:
+                image_size: int | None = None, published: Remote | None = None) -> Dataset:
+    """The dataset in `found`, named `name`. published: the named dataset these files stand for (a data_dir copy),
+    whose published files they are checked against (_unpublished: Dataset.unofficial)."""
     source_id = f"{name}@{found.path.resolve()}"
     shown = str(found.path)
     if found.kind == "folder":
@@ -251,9 +352,9 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
         if image_size is not None:  # its own cache file: switching sizes back and forth rebuilds neither
             source_id += f"@{image_size}px"
 
-        def build() -> Dataset:
+        def build(note: str) -> Dataset:
             n = sum(len(files) for files in splits.values())
-            log(f"decoding {n} images from {shown} (first read; cached afterwards)")
+            log(f"decoding {n} images from {shown} ({note})")
             start = time.perf_counter()
             train, test = splits["train"], splits["test"]
             # One decode for both splits, so they agree on the channel count (1 only if every image is grey).
@@ -269,15 +370,18 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
     else:
         content = fingerprint_files(found.files)
 
-        def build() -> Dataset:
+        def build(note: str) -> Dataset:
             if found.kind == "archive":
                 expect = name if name in SOURCES else None
-                kind, arrays = _read_archive(found.path, cache_root, log, expect=expect)
-                return _dataset(expect or kind, *arrays)
-            if found.kind == "idx":
-                return _dataset(name, *_read_idx(dict(found.idx_files), classes))
-            log(f"reading CIFAR batches from {shown} (first read; cached afterwards)")
-            return _dataset(name, *cifar.read_batches(found.kind, found.path))
+                kind, arrays = _read_archive(found.path, cache_root, log, expect=expect, note=note)
+                ds = _dataset(expect or kind, *arrays)
+            elif found.kind == "idx":
+                ds = _dataset(name, *_read_idx(dict(found.idx_files), classes))
+            else:
+                log(f"reading CIFAR batches from {shown} ({note})")
+                ds = _dataset(name, *cifar.read_batches(found.kind, found.path))
+            # Checked once the files have been read whole, so a damaged one is refused for what is wrong in it.
+            return ds if published is None else replace(ds, unofficial=_unpublished(found, published))
 
     return cached(cache_path(cache_root, name, source_id, content), build, log, source=shown)
 
@@ -285,8 +389,10 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
 # ---- readers -----------------------------------------------------------------------------------------------------
 
 
-def _read_archive(archive: Path, cache_root: Path, log: Log, *, expect: str | None) -> tuple[str, tuple]:
-    """Extract a CIFAR archive next to the downloads, read its batches, and delete the extracted copy."""
+def _read_archive(archive: Path, cache_root: Path, log: Log, *, expect: str | None,
+                  note: str = CACHED_AFTERWARDS) -> tuple[str, tuple]:
+    """Extract a CIFAR archive next to the downloads, read its batches, and delete the extracted copy. `note`: what
+    the first-read line says of the cache (cache.cached's)."""
     scratch = cache_root / "downloads"
     make_folder(scratch, "the downloads folder", "remove or rename what is in the way, or set SPEEDRUN_DATA to "
                 "another folder")
@@ -295,7 +401,7 @@ def _read_archive(archive: Path, cache_root: Path, log: Log, *, expect: str | No
         raise ValueError(f"{archive} is a CIFAR archive, but {expect} is read from IDX files; pass its folder")
     # The scratch copy is removed on every exit (TemporaryDirectory), refused archives included.
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=scratch) as tmp:
-        log(f"extracting {archive} (first read; cached afterwards)")
+        log(f"extracting {archive} ({note})")
         # The official archives' sizes bound what one may write (limits.py); a bigger claim is refused unread.
         safe_extract(archive, tmp, max_member_bytes=limits.MAX_CIFAR_MEMBER_BYTES,
                      max_total_bytes=limits.MAX_CIFAR_ARCHIVE_BYTES, max_members=limits.MAX_ARCHIVE_MEMBERS)

@@ -41,7 +41,10 @@ _STALE_TMP_S = 3600  # a temp file this old belongs to a process that died mid-w
 # takes 54 kB. 64 MiB is far beyond any real state, and below safetensors' own 100 MB cap on headers.
 _MAX_HEADER_BYTES = 64 * 2**20
 _MAX_DEPTH = 64  # levels of nesting in a state; a model + optimizer + RNG state needs about 5
-_FIX = "delete it to resume from the one before, or start afresh without --resume"
+# Starting afresh needs both: without --resume, and in a folder with no checkpoints (run/resume.py refuses to start
+# afresh over a folder's checkpoints). resume.py says it for the flags given; this is the advice for any of them.
+AFRESH = "start afresh without --resume (and with a new --checkpoint-dir, if one was given)"
+_FIX = f"delete it to resume from the one before, or {AFRESH}"
 _MISSING = object()  # a field on one side only
 
 
@@ -62,7 +65,7 @@ def restoring():
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         raise CheckpointError(f"the checkpoint does not fit this run ({type(e).__name__}: "
                               f"{' '.join(str(e).split())[:200]}); resume with the settings it was made with, "
-                              "or start afresh without --resume") from None
+                              f"or {AFRESH}") from None
 
 
 def load_optimizer(opt: torch.optim.Optimizer, saved: dict) -> None:
@@ -281,9 +284,11 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         raise CheckpointError(f"checkpoint {shown} is unusable ({e}); {_FIX}", str(e)) from None
 
 
-def find_checkpoint(where: str | Path, log: Callable[[str], None]) -> tuple[dict, dict, Path] | None:
+def find_checkpoint(where: str | Path, log: Callable[[str], None],
+                    afresh: str = AFRESH) -> tuple[dict, dict, Path] | None:
     """The checkpoint to resume from: `where` itself if it is a file, else the newest usable one in the directory
-    `where` (each unusable one is logged, and the one before it tried). None where there is none to resume."""
+    `where` (each unusable one is logged, and the one before it tried). None where there is none to resume.
+    afresh: how to start afresh instead, for the flags given, where none is usable."""
     where = Path(where)
     if not where.is_dir():
         if not where.exists() and where.suffix != ".safetensors":
@@ -310,21 +315,22 @@ def find_checkpoint(where: str | Path, log: Callable[[str], None]) -> tuple[dict
         if i + 1 < len(found):
             log(f"checkpoint {path.name} is unusable ({reasons[-1]}); trying the previous one")
     raise CheckpointError(f"no usable checkpoint in {where}: newest {found[0].name}: "
-                          f"{reasons[0]}; delete them to start afresh, or give a new --checkpoint-dir", reasons[0])
+                          f"{reasons[0]}; {afresh}", reasons[0])
 
 
-def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozenset[str] = frozenset()) -> None:
+def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozenset[str] = frozenset(),
+                     afresh: str = AFRESH) -> None:
     """Raise ValueError naming the first setting of `expected` (a dict value: field by field) that differs in `meta`,
     skipping fields named in `may_differ` (bare or dotted: "data.name"). Config fields are named bare, as --set takes
-    them (`lr_per_1024=11.5`); others as key.field (`data.num_classes=10`)."""
+    them (`lr_per_1024=11.5`); others as key.field (`data.num_classes=10`). afresh: how to start afresh instead, for
+    the flags given (resume.py's Plan.afresh)."""
     def same(a: Any, b: Any) -> bool:  # as JSON: a tuple equals its list, nan equals nan, 1 differs from 1.0 and True
         return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
 
     def differ(field: str, old: Any, new: Any) -> ValueError:
         old_text, new_text = ("missing" if v is _MISSING else repr(v)[:100] for v in (old, new))
         return ValueError(f"checkpoint {Path(path).name} was made with {field}={old_text}; this run has "
-                          f"{field}={new_text}: resume with the same settings, or start afresh without --resume (or "
-                          "with a new --checkpoint-dir)")
+                          f"{field}={new_text}: resume with the same settings, or {afresh}")
 
     for key, new in expected.items():
         if key in may_differ:

@@ -1,23 +1,31 @@
 """`speedrun bench RECIPE --runs N --vary KEY=V1,V2,...`: settings measured side by side, in interleaved order.
 
 The baseline is the recipe's config (with any --set); each --vary value is one setting, that key changed alone.
-After an untimed warm-up of every setting that needs one (compile, autotune), round r trains seed S + r of the
-baseline, then of each setting, A B C A B C ..., so drift on a shared machine (thermals, a neighbour's job) falls
-on all of them alike; the order is recorded. Per setting: mean ± std of test accuracy and timed seconds, and
-against the baseline the difference with its 95% Welch interval, Welch's p and the ratio of times with its
-interval (stats.mean_diff_test). Every setting's runs are also stored in the results database as a training
-result of their own, and the bench itself as a report (`speedrun results`, `speedrun compare`).
+Every setting first gets an untimed warm-up on every device (warm_up): the family's own (compile, autotune), or
+where the family needs none for `speedrun train` (a CPU without compile), a short run of the setting itself, so
+that what the first run in a process pays (the allocator's growth, oneDNN's kernel choice for each shape, lazy
+imports: 2.7 s against 0.7 s measured on a CPU) is paid outside the timed runs. Then round r trains seed S + r of
+every setting, in an order balanced across rounds (round_orders: over every k rounds of k settings each runs once
+in each place, from a shuffle seeded by --seed), so neither drift on a shared machine (thermals, a neighbour's job)
+nor a cost of running first or last in a round falls on one setting; the order is recorded. Per setting: mean ±
+std of test accuracy and timed seconds, and against the baseline the difference with its 95% Welch interval,
+Welch's p and the ratio of times with its interval (stats.mean_diff_test). Every setting's runs are also stored
+in the results database as a training result of their own, and the bench itself as a report (`speedrun results`,
+`speedrun compare`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int, field_types
+from speedrun.data.loader import steps_for
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device, resolve_system
@@ -26,7 +34,7 @@ from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
                                           write_json)
-from speedrun.records.stats import mean_diff_test, summarize
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, mean_diff_test, summarize
 from speedrun.run import runner
 from speedrun.tricks.precision import default_cpu_threads
 
@@ -57,8 +65,8 @@ def recipe_vary(recipe: str, items: list[str]) -> list[tuple[str, list[str]]]:
 def _stats(runs: list[RunResult]) -> dict:
     done = [r for r in runs if r.diverged is None]
     return {"n": len(done), "diverged": len(runs) - len(done),
-            "accuracy": summarize([r.accuracy for r in done]).to_dict() if done else None,
-            "train_seconds": summarize([r.train_seconds for r in done]).to_dict() if done else None}
+            "accuracy": summarize([r.accuracy for r in done], FRACTION).to_dict() if done else None,
+            "train_seconds": summarize([r.train_seconds for r in done], NON_NEGATIVE).to_dict() if done else None}
 
 
 def _versus(runs: list[RunResult], base: list[RunResult]) -> dict | None:
@@ -95,15 +103,52 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) 
     return run
 
 
-def _warmup(family, cfg, data, dev, world, name: str, log) -> float:
-    """A setting's untimed warm-up run (compile, autotune), as runner.train takes it: shuffled labels may diverge
-    after compilation and autotuning happened, which the timed runs then measure (a divergence there is a run of
-    its own)."""
+# The steps of a setting's short warm-up run, where the family has no warm-up of its own on this device: enough for
+# the allocator to reach its working size and every kernel shape (a last partial batch aside) to be chosen once.
+WARMUP_STEPS = 8
+
+
+def warm_up(family, cfg, data, dev, world, name: str, log) -> float:
+    """A setting's untimed warm-up before its timed runs, on every device; its seconds.
+
+    The family's warm-up run (compile, autotune) where it has one; where it has none (family.warmup is 0.0: a CPU
+    without compile, an ImageNet run, for which `speedrun train` needs none), a short run of `cfg` itself,
+    WARMUP_STEPS steps at its batch size with its final evaluation, so that the costs of code run for the first
+    time in a process fall here and not on whichever setting is timed first. A divergence here is a warning:
+    compilation and autotuning happened before it, and the timed runs measure what the setting does."""
+    start = time.perf_counter()
     try:
-        return family.warmup(cfg, data, dev, world)
+        seconds = family.warmup(cfg, data, dev, world)
+        if seconds == 0.0:
+            short = cfg
+            if steps_for(cfg.epochs, data.num_train, cfg.batch_size) > WARMUP_STEPS:
+                short = family.with_epochs(cfg, WARMUP_STEPS * cfg.batch_size / data.num_train)
+                try:
+                    short.validate()
+                except ValueError:  # a setting that cannot be cut this short (an epoch-long phase): the whole run
+                    short = cfg
+            family.train_run(short, data, dev, 0, world=world)
+            seconds = time.perf_counter() - start
     except Diverged as e:
         log(f"warning: {name}: the warm-up run {e}")
-        return 0.0
+        return time.perf_counter() - start
+    return seconds
+
+
+def round_orders(count: int, rounds: int, seed: int) -> list[list[int]]:
+    """The order of `count` settings (0 .. count - 1) in each of `rounds` rounds, balanced: each block of `count`
+    rounds is a Latin square, a seeded shuffle of the settings rotated by each of a seeded shuffle of the offsets,
+    so over the block each setting runs once in each place (first, second, ... last), and no place twice in
+    fewer rounds; a new shuffle per block changes which setting follows which. Seeded: the same --seed, the same
+    order."""
+    rng = random.Random(seed)
+    orders: list[list[int]] = []
+    while len(orders) < rounds:
+        base, offsets = list(range(count)), list(range(count))
+        rng.shuffle(base)
+        rng.shuffle(offsets)
+        orders += [base[k:] + base[:k] for k in offsets][:rounds - len(orders)]
+    return orders
 
 
 def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
@@ -140,10 +185,13 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                                                               image_size=image_size, log=log))
         for _, _, cfg in settings:
             family.check(cfg, data, dev, world)
-        warmups = {name: _warmup(family, cfg, data, dev, world, name, log) for name, _, cfg in settings}
+        warmups = {}
+        for name, _, cfg in settings:
+            log(f"warm-up (untimed): {name}")
+            warmups[name] = warm_up(family, cfg, data, dev, world, name, log)
         try:
-            for r in range(runs):
-                for name, _, cfg in settings:
+            for r, places in enumerate(round_orders(len(settings), runs, seed)):
+                for name, _, cfg in (settings[i] for i in places):
                     log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
                     results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world))
                     order.append({"round": r, "setting": name, "seed": seed + r})
@@ -202,7 +250,7 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
     def claim():
         conn = db.connect(db_path)
         try:
-            return conn, (claim_result_path(json_path) if json_path else
+            return conn, (claim_result_path(json_path) if json_path is not None else
                           default_result_path(f"{kind}-{recipe}", dataset or "default"))
         except BaseException:
             conn.close()

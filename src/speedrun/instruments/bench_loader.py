@@ -30,12 +30,14 @@ from PIL import Image
 from speedrun.data import folder, limits
 from speedrun.data.prepare import list_source
 from speedrun.data.shard_loader import ShardLoader, device_decoder, random_resized_boxes
-from speedrun.data.shards import Shards
+from speedrun.data.shards import (CLASSES, PREPARED_FORMAT, Shards, listed_splits, read_classes, read_manifest,
+                                  unlisted_split)
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
 from speedrun.errors import print_line
+from speedrun.paths import user_path
 from speedrun.records.environment import device_label, environment
-from speedrun.records.stats import mean_diff_test, summarize
+from speedrun.records.stats import NON_NEGATIVE, mean_diff_test, summarize
 
 TIMED_REGION = ("from asking the iterator for a batch to holding it on the device cropped, resized, flipped and "
                 "standardized (worker decode + augment + copy), over consecutive batches after untimed warm-up "
@@ -66,33 +68,89 @@ def _check(name: str, value: int, low: int, high: int) -> int:
 
 
 def find_split(root: Path, split: str | None) -> str:
-    """The split of DIR to read: `split`, or train, or the only one there; ValueError naming what is there."""
+    """The split of DIR to read: `split`, or train, or the only one there; ValueError naming what is there. The
+    splits are those DIR's manifest lists (a split file it does not list is none), or, without a manifest of
+    ours, its index files."""
     if not root.is_dir():
         raise ValueError(f"{root} is not a folder; give the folder `speedrun data prepare` wrote")
-    present = [s for s in SPLITS if (root / f"{s}-index.npy").is_file()]
+    listed = listed_splits(root)
+    present = listed if listed is not None else [s for s in SPLITS if (root / f"{s}-index.npy").is_file()]
+    choose = " or ".join(f"--split {s}" for s in present)
     if not present:
+        if listed is not None:
+            raise ValueError(unlisted_split(root, split or "train", listed))
         raise ValueError(f"{root} holds no prepared shards (no train-, val- or test-index.npy); "
                          f"run speedrun data prepare SRC {root} first")
     if split is None:
         if "train" in present or len(present) == 1:
             return "train" if "train" in present else present[0]
-        raise ValueError(f"{root} has the splits {', '.join(present)}; choose one with --split")
+        raise ValueError(f"{root} has the splits {', '.join(present)}; choose one with --split ({choose})")
     if split not in present:
-        raise ValueError(f"--split {split}: {root} has {', '.join(present)}")
+        if listed is not None and os.path.lexists(root / f"{split}-index.npy"):
+            raise ValueError(f"--split {split}: {unlisted_split(root, split, listed, f'choose {choose}')}")
+        raise ValueError(f"--split {split}: {root} has {', '.join(present)}; choose {choose}")
     return split
 
 
-def baseline_files(src: Path, split: str) -> tuple[list[str], list[int]]:
+def baseline_files(src: Path, split: str, root: Path | None = None) -> tuple[list[str], list[int]]:
     """The original images of `split` under SRC (a train/val/test tree or class folders: data/prepare.py's
-    layouts), or of its only split; (paths, labels)."""
+    layouts), or of its only split; (paths, labels). root: the shards' folder, whose classes SRC's must be (a
+    folder of other images would measure another data set)."""
     if not src.is_dir():
         raise ValueError(f"--baseline {src} is not a folder; give the original images' folder")
-    _, splits, _ = list_source(src)
+    classes, splits, _ = list_source(src)
     if split not in splits and len(splits) != 1:
         raise ValueError(f"--baseline {src} has no {split}/ folder (it has "
                          f"{', '.join(splits)}); give the tree the shards were prepared from")
+    if root is not None:
+        _check_baseline_classes(root, split, src, classes)
     files = splits[split] if split in splits else next(iter(splits.values()))
     return [f.path for f in files], [f.label for f in files]
+
+
+def _check_baseline_classes(root: Path, split: str, src: Path, classes: list[str]) -> None:
+    """SRC's class folders (printable, as classes.json stores them) are the shards' classes.json, name for name;
+    shards without one (written by hand) have labels that SRC's classes cover."""
+    manifest = read_manifest(root) or {}
+    recorded = manifest.get("source") if manifest.get("format") == PREPARED_FORMAT else None
+    fix = ("give the image folder the shards were prepared from" +
+           (f" (their manifest records {recorded})" if isinstance(recorded, str) and recorded else ""))
+    if (root / CLASSES).exists() or recorded is not None:
+        names = list(read_classes(root))  # a damaged or edited one is refused with its repair
+        if names != classes:
+            k = next((k for k, (a, b) in enumerate(zip(classes, names)) if a != b), None)
+            detail = (f"{len(classes):,} class folders where {root}'s {CLASSES} names {len(names):,}" if k is None
+                      else f"its class {k} is {classes[k]} where {root}'s {CLASSES} has {names[k]}")
+            raise ValueError(f"--baseline {src} is not the image folder these shards were prepared from ({detail}); "
+                             f"{fix}")
+        return
+    with Shards(root, split) as shards:
+        top = int(shards.index[:, 3].max()) if len(shards) else -1
+    if top >= len(classes):
+        raise ValueError(f"--baseline {src} has {len(classes):,} class folders, but the {split} split of {root} has "
+                         f"label {top}: it is not the image folder these shards were prepared from; {fix}")
+
+
+def plain_order(n: int, count: int, seed: int) -> list[int]:
+    """The `count` positions of the n original files the baseline reads, in order: consecutive random
+    permutations from one generator seeded with `seed` (torch's RandomSampler's draw), known before any is read,
+    so that every file is checked before a measurement starts."""
+    gen = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    while len(order) < count:
+        order += torch.randperm(n, generator=gen).tolist()[:count - len(order)]
+    return order
+
+
+def check_baseline_headers(paths: list[str], positions: set[int], res: int) -> None:
+    """Each original file the baseline will read opened and its header checked as PlainImages checks it (format,
+    size, scans; no pixel decoded): a bad file is one line before any measurement, not after ours was timed."""
+    for i in sorted(positions):
+        try:
+            with folder.open_image(paths[i]) as im:
+                folder.check_header(paths[i], im, res)
+        except folder.Refused as e:
+            raise ValueError(f"--baseline: {e}") from None
 
 
 class PlainImages(torch.utils.data.Dataset):
@@ -129,8 +187,7 @@ def plain_batches(dataset: PlainImages, *, batch: int, steps: int, workers: int,
                   seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The baseline's batches on the device, float and standardized: `steps` of them from one iterator."""
     pin = device.type == "cuda"
-    sampler = torch.utils.data.RandomSampler(dataset, num_samples=steps * batch,
-                                             generator=torch.Generator().manual_seed(seed))
+    sampler = plain_order(len(dataset), steps * batch, seed)  # the files check_baseline_headers checked
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
                                          pin_memory=pin)
     mean, std = MEAN.to(device).view(1, 3, 1, 1), STD.to(device).view(1, 3, 1, 1)
@@ -153,8 +210,15 @@ def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, 
 def _count(root: Path, split: str) -> int:
     with Shards(root, split) as shards:
         if len(shards) == 0:
-            raise ValueError(f"the {split} split in {root} has no images")
+            raise ValueError(f"the {split} split in {root} has no images; choose another --split, or prepare a "
+                             f"SRC whose {split}/ holds images")
         return len(shards)
+
+
+def _steps(workers: int, batches: int) -> tuple[int, int]:
+    """(untimed warm-up batches, batches drawn) of one measurement with `workers` worker processes."""
+    warmup = 2 * workers + 2  # a DataLoader keeps 2 batches per worker in flight: drain what start-up filled
+    return warmup, 1 + warmup + batches + 2 * workers + 3  # and leave some unread: the end of the data is not timed
 
 
 def measure(batches: Iterator, *, warmup: int, count: int, res: int, device: torch.device) -> dict:
@@ -190,7 +254,14 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                  batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
                  seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print_line) -> dict:
     """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
-    root_path = Path(root)
+    # An empty path (an unset shell variable) would mean the current folder.
+    if not os.fsdecode(root).strip():
+        raise ValueError("DIR is empty (an unset shell variable?); give the folder `speedrun data prepare SRC DIR` "
+                         "wrote")
+    if baseline is not None and not os.fsdecode(baseline).strip():
+        raise ValueError("--baseline is empty (an unset shell variable?); give the original images' folder, or "
+                         "leave --baseline out")
+    root_path = user_path(root, "DIR")
     split = find_split(root_path, split)
     n = _count(root_path, split)
     for name, value, low, high in (("--batch", batch, 1, 4096), ("--batches", batches, 1, 100_000),
@@ -203,14 +274,17 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     on_device, note = device_decoder(decoder, dev)  # nvJPEG through TorchCodec on CUDA, else the Pillow workers
     if note:
         log(f"note: {note}")
-    plain = baseline_files(Path(baseline), split) if baseline is not None else None
+    plain = baseline_files(user_path(baseline, "--baseline"), split, root_path) if baseline is not None else None
+    if plain is not None and plain[0]:
+        longest = max(_steps(w, batches)[1] for w in workers) * batch
+        check_baseline_headers(plain[0], {i for rnd in range(runs) for i in plain_order(len(plain[0]), longest,
+                                                                                         seed + rnd)}, max(res))
     settings = [(p, w, r) for w in workers for r in res for p in PIPELINES if p == "ours" or plain is not None]
     rows = {s: [] for s in settings}
     order, load_before = [], os.getloadavg()
     for rnd in range(runs):
         for pipeline, w, r in settings:
-            warmup = 2 * w + 2  # a DataLoader keeps 2 batches per worker in flight: drain what start-up filled
-            steps = 1 + warmup + batches + 2 * w + 3  # and leave some unread: the end of the data is not timed
+            warmup, steps = _steps(w, batches)
             if pipeline == "ours":
                 it = our_batches(root_path, split, images=n, batch=batch, steps=steps, workers=w, res=r,
                                  decode_px=decode_px, device=dev, seed=seed + rnd, device_decode=on_device)
@@ -232,7 +306,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     for (pipeline, w, r), ms in rows.items():
         rates = [m["images_per_s"] for m in ms]
         row = {"pipeline": pipeline, "workers": w, "res": r, "n": len(ms), "images_per_s": rates,
-               "summary": summarize(rates).to_dict(), "startup_s": [m["startup_s"] for m in ms],
+               "summary": summarize(rates, NON_NEGATIVE).to_dict(), "startup_s": [m["startup_s"] for m in ms],
                "images_timed": [m["images"] for m in ms], "versus_baseline": None}
         if pipeline == "ours" and plain is not None:
             base = [m["images_per_s"] for m in rows[("baseline", w, r)]]

@@ -17,50 +17,64 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from speedrun.records import db
-from speedrun.records.result_file import load_result, portable
-from speedrun.records.stats import diff_ci95, mean_diff_test, summarize, welch_df, welch_t_test
+from speedrun.records.result_file import check_train_result, load_result, portable
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, diff_ci95, mean_diff_test, summarize, welch_df, welch_t_test
 
 METRICS = (("accuracy", "test acc %", 100.0), ("train_seconds", "timed s", 1.0))
+BOUNDS = {"accuracy": FRACTION, "train_seconds": NON_NEGATIVE}  # the ranges their intervals are clipped to
 
 
 def load_ref(ref: str, conn) -> tuple[str, dict]:
-    """(label, result) for an id ("12" or "#12") or a JSON file."""
-
+    """(label, result) for an id ("12" or "#12") or a JSON file, a training result whose runs can be compared
+    (result_file.check_train_result, the check every stored result passed): a refusal names the stored id and its
+    database, or the file, and says what to do about that one."""
     if re.fullmatch(r"#?\d{1,18}", ref) and not Path(ref).exists():
-        return f"#{ref.lstrip('#')}", db.get_result(conn, int(ref.lstrip("#")))
+        id = int(ref.lstrip("#"))
+        result = db.get_result(conn, id)
+        where = f"stored result #{id} of the results database {getattr(conn, 'name', '')}".rstrip()
+        fix = "compare two training results (`speedrun results` lists them)"
+        return f"#{id}", _checked(result, where, fix)
     if not Path(ref).is_file():
         raise ValueError(f"{ref!r} is neither a stored result's id (`speedrun results` lists them) nor a result "
                          "JSON file")
-    return ref, load_result(ref)
+    return ref, _checked(load_result(ref), ref, _FILE_FIX)
 
 
-# What a finished run's value may be: accuracy a fraction, timed seconds up to ten years.
-_RANGES = {"accuracy": (0.0, 1.0), "train_seconds": (0.0, 3.2e8)}
+_FILE_FIX = "give a result JSON of speedrun train"
 
 
-def _values(result: dict, label: str, key: str) -> list[float]:
-    """The finished runs' `key`, each checked: a file from elsewhere may hold anything."""
-    runs = result.get("runs")
-    if not isinstance(runs, list) or "benchmark" in result:
-        raise ValueError(f"{label} is not a `speedrun train` result (no runs); compare two training results")
-    low, high = _RANGES[key]
-    values = []
-    for i, r in enumerate(runs):
-        if not isinstance(r, dict) or not isinstance(r.get("diverged"), (dict, type(None))):
-            raise ValueError(f"{label}: run {i + 1} is not a run record (a dict whose 'diverged' is null or a "
-                             "dict); give a result JSON of speedrun train")
-        if r.get("diverged") is not None:  # no key: a result from before divergence was recorded, none diverged
-            continue
-        v = r.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
-            raise ValueError(f"{label}: run {i + 1} has {key}={v!r:.40}, not a number in [{low:g}, {high:g}]; "
-                             "give a result JSON of speedrun train")
-        values.append(float(v))
-    return values
+def _checked(result: dict, where: str, fix: str) -> dict:
+    try:
+        return check_train_result(result)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}; {fix}") from None
+
+
+def _values(result: dict, key: str) -> list[float]:
+    """The finished runs' `key` of a checked training result."""
+    return [float(r[key]) for r in result["runs"] if r.get("diverged") is None]
+
+
+def _test(xb: list[float], xa: list[float]) -> dict | None:
+    """mean_diff_test of candidate B against baseline A, each part that cannot be had n/a (None): a mean of 0 has
+    no ratio (accuracies of a net that learned nothing), values at the ends of the floating-point range (1e-300
+    against 1e300) neither a ratio nor a difference."""
+    try:
+        return mean_diff_test(xb, xa)
+    except ValueError:
+        pass
+    try:
+        diff, low, high = diff_ci95(xb, xa)
+        return {"diff": diff, "ci95": [low, high], "p": welch_t_test(xb, xa)[1], "df": welch_df(xb, xa),
+                "ratio": None, "ratio_ci95": None}
+    except ValueError:
+        return None
 
 
 def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
     """B against baseline A: {"a", "b", "caveats", "metrics": {key: {"a": summary, "b": summary, "test": ...}}}."""
+    for label, r in zip(labels, (a, b)):
+        _checked(r, label, _FILE_FIX)
     caveats = [f"{key} differs: {a.get(key)!r} vs {b.get(key)!r}" for key in ("recipe", "dataset", "device")
                if a.get(key) != b.get(key)]
     caveats += [f"{label} is a smoke test, not a result" for label, r in zip(labels, (a, b)) if r.get("smoke_test")]
@@ -69,22 +83,15 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
     for label, r in zip(labels, (a, b)):
         if r.get("complete") is False or r.get("interrupted"):
             caveats.append(f"{label} is incomplete (interrupted or cut off): only its finished runs count")
-        diverged = sum(1 for run in r["runs"] if isinstance(run, dict) and run.get("diverged") is not None) \
-            if isinstance(r.get("runs"), list) else 0
+        diverged = sum(1 for run in r["runs"] if run.get("diverged") is not None)
         if diverged:
             caveats.append(f"{label}: {diverged} run(s) diverged and are left out")
     metrics = {}
     for key, _, _ in METRICS:
-        xa, xb = _values(a, labels[0], key), _values(b, labels[1], key)
-        entry = {"a": summarize(xa).to_dict() if xa else None, "b": summarize(xb).to_dict() if xb else None,
-                 "test": None}
-        if len(xa) >= 2 and len(xb) >= 2:
-            try:
-                entry["test"] = mean_diff_test(xb, xa)  # candidate B, baseline A
-            except ValueError:  # a mean of 0 (accuracies of a net that learned nothing): no ratio, the rest stands
-                diff, low, high = diff_ci95(xb, xa)
-                entry["test"] = {"diff": diff, "ci95": [low, high], "p": welch_t_test(xb, xa)[1],
-                                 "df": welch_df(xb, xa), "ratio": None, "ratio_ci95": None}
+        xa, xb = _values(a, key), _values(b, key)
+        entry = {"a": summarize(xa, BOUNDS[key]).to_dict() if xa else None,
+                 "b": summarize(xb, BOUNDS[key]).to_dict() if xb else None,
+                 "test": _test(xb, xa) if len(xa) >= 2 and len(xb) >= 2 else None}  # candidate B, baseline A
         metrics[key] = entry
     return {"benchmark": "compare", "a": labels[0], "b": labels[1], "caveats": caveats, "metrics": metrics,
             "environment": {"timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}}

@@ -21,10 +21,13 @@ The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import os
 import re
 import resource
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -64,6 +67,53 @@ def group_of(name: str) -> str:
         if re.search(pattern, name):
             return group
     return "other"
+
+
+# Kineto (the profiler's C++ side) writes a line to the process's stderr, fd 2, as it starts and stops recording
+# ("USDT:2026-01-01 12:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start"), at its log's highest level
+# (USDT): KINETO_LOG_LEVEL hides it only with Kineto's errors and warnings too, and only when set before Kineto's
+# first use in the process. So those two lines are dropped where they are written, and Kineto's others pass.
+_PROFILER_CHATTER = re.compile(rb"USDT:[^\n]*\] profiler_(start|stop)\s*")
+
+
+@contextlib.contextmanager
+def _profiler_lines_dropped():
+    """Around a profiler call that may start or stop its recording: what it writes to fd 2 goes to a temporary
+    file, then to stderr without Kineto's start/stop lines. Python's writes in between (a warning) pass too, in
+    their order: sys.stderr is flushed on both sides of the switch."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+        captured = tempfile.TemporaryFile()
+    except OSError:  # no descriptor to spare: the lines show, and the profile goes on
+        yield
+        return
+    try:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            captured.seek(0)
+            while line := captured.readline(1 << 16):  # a line at a time: what a call writes may be long
+                if not _PROFILER_CHATTER.fullmatch(line):
+                    os.write(2, line)
+    finally:
+        os.close(saved)
+        captured.close()
+
+
+@contextlib.contextmanager
+def _recording(prof: torch.profiler.profile):
+    """`with prof:`, its start and stop without Kineto's lines about them (_profiler_lines_dropped)."""
+    with _profiler_lines_dropped():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _profiler_lines_dropped():
+            prof.__exit__(None, None, None)
 
 
 def _peak_memory(device: torch.device) -> dict:
@@ -195,12 +245,22 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
             torch.cuda.reset_peak_memory_stats(dev)
         log(f"profiling {active} steps of {rec.name} (after {wait} + {warmup} unrecorded) and the final evaluation")
         began = time.perf_counter()
-        with torch.profiler.profile(activities=activities,
-                                    schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1)) as prof:
+        prof = torch.profiler.profile(activities=activities,
+                                      schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1))
+
+        def on_step(done: int, steps: int) -> None:
+            # No step() after the last step: the final evaluation stays inside the last recorded step.
+            if done >= steps:
+                return
+            if done <= wait + warmup:  # the schedule starts recording at one of these steps
+                with _profiler_lines_dropped():
+                    prof.step()
+            else:
+                prof.step()
+
+        with _recording(prof):
             try:
-                # No step() after the last step: the final evaluation stays inside the last recorded step.
-                run = family.train_run(short, data, dev, seed,
-                                       on_step=lambda step, steps: prof.step() if step < steps else None)
+                run = family.train_run(short, data, dev, seed, on_step=on_step)
             except Diverged as e:
                 raise ValueError(f"the profiled run {e}; profile a setting that trains") from None
         wall_s = time.perf_counter() - began

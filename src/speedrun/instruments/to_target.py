@@ -13,15 +13,18 @@ misses; then it bisects the bracket with the probes left, stopping when the brac
 the smallest probed epochs that reached, with the mean timed seconds there, and the largest that missed below it.
 
 All variants advance in lockstep, as bench's settings do: each round trains every still-searching variant's next
-probe, seed by seed in variant order (A B C A B C ...), so drift on a shared machine falls on all of them alike;
-the order is recorded, and an untimed warm-up of each variant comes first. Every probe is stored as a result of
-its own and the search as a report (bench.run_and_store); Ctrl-C keeps the finished runs as a partial report.
+probe, seed by seed, the variants of each seed in an order balanced as bench's rounds are (bench.round_orders,
+seeded by --seed), so neither drift on a shared machine nor the place in a round falls on one variant; the order
+is recorded, and an untimed warm-up of each variant on every device comes first (bench.warm_up). Every probe is
+stored as a result of its own and the search as a report (bench.run_and_store); Ctrl-C keeps the finished runs as
+a partial report.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -30,7 +33,7 @@ from speedrun.config import check_int
 from speedrun.data.loader import steps_for
 from speedrun.engine.system import resolve_device
 from speedrun.errors import print_line
-from speedrun.instruments.bench import measured_run, stopped_by
+from speedrun.instruments.bench import measured_run, round_orders, stopped_by, warm_up
 from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.environment import environment
 from speedrun.run import runner
@@ -147,9 +150,13 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
         floor, ceiling = bounds(start, int(runner.MAX_EPOCHS * n_train // cfg.batch_size))
         plan = probe_plan(start, floor, ceiling, max_probes)
         state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}
-    warmups = {name: family.warmup(configs[name], data, dev, world) for name, _ in variants}
+    warmups = {}
+    for name, _ in variants:
+        log(f"warm-up (untimed): {name}")
+        warmups[name] = warm_up(family, configs[name], data, dev, world, name, log)
     order: list[dict] = []
     interrupt = None
+    orders = random.Random(seed)  # each round's own seed for round_orders, drawn in turn: reruns repeat the order
     try:
         for rnd in range(max_probes):
             active = [name for name, _ in variants if state[name]["next"] is not None]
@@ -158,8 +165,8 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
             for name in active:
                 steps = state[name]["next"]
                 state[name]["probes"].append({"steps": steps, "cfg": at_steps(configs[name], steps), "runs": []})
-            for r in range(runs):
-                for name in active:
+            for r, places in enumerate(round_orders(len(active), runs, orders.randrange(2**62))):
+                for name in (active[i] for i in places):
                     probe = state[name]["probes"][-1]
                     cfg = probe["cfg"]
                     log(f"round {rnd + 1}: {name}, {cfg.epochs:.4g} epochs ({probe['steps']} steps), seed {seed + r}")

@@ -4,8 +4,9 @@ PyTorch's performance tuning guide is a checklist (its sections: DataLoader work
 autotuner, mixed precision, channels_last, batch size, fused optimizers, torch.compile for fused pointwise ops,
 threads on a CPU); which items pay depends on the device and the model. The doctor tries each setting that
 applies here against the current configuration (the recipe with any --set), one change at a time, all of them
-interleaved round by round with the current one (bench.py: A B C A B C, so drift falls on all alike), n runs each,
-at a short budget:
+interleaved round by round with the current one, n runs each, at a short budget (bench.py: an untimed warm-up of
+each first, then rounds in an order balanced across them, so neither drift nor a place in the round falls on one
+setting):
 - the time ratio (setting / current) of the timed region with its 95% interval and Welch's p;
 - for settings that change the numbers (precision, batch size), the accuracy difference too, marked: at a short
   budget it says whether the setting breaks training, not what it does to a full run;

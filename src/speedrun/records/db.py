@@ -6,19 +6,22 @@ Writers lock first (BEGIN IMMEDIATE, WAL mode) and wait up to BUSY_TIMEOUT_S; PR
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
 import shlex
+import shutil
 import sqlite3
 import stat
-from datetime import datetime, timezone
+from datetime import date, datetime, time, timezone
 from pathlib import Path
 from typing import NamedTuple
 
 from speedrun.paths import user_path
-from speedrun.records.result_file import load_result
+from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_train_result, load_result,
+                                          parse_result)
 
 BUSY_TIMEOUT_S = 30.0
 _FIX = "give another file with --db PATH or SPEEDRUN_DB"
@@ -93,10 +96,16 @@ def _sha256(obj) -> str:  # of the canonical JSON: key order and spacing do not 
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _utc(text: str, what: str) -> str:
-    """An ISO date or time as 'YYYY-MM-DDTHH:MM:SS+00:00' (environment()'s form), so text order is time order."""
+def _utc(text: str, what: str, end_of_day: bool = False) -> str:
+    """An ISO date or time as 'YYYY-MM-DDTHH:MM:SS+00:00' (environment()'s form), so text order is time order.
+    end_of_day: a date alone (2026-11-22, 20261122) stands for its last second (--until's day is included)."""
     try:
-        moment = datetime.fromisoformat(text)
+        day = date.fromisoformat(text)
+    except (TypeError, ValueError):
+        day = None
+    try:
+        moment = datetime.combine(day, time(23, 59, 59) if end_of_day else time()) if day else \
+            datetime.fromisoformat(text)
     except (TypeError, ValueError):
         raise ValueError(f"{what} {text!r:.80} is not an ISO date or time like 2026-11-22T16:34Z") from None
     moment = moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # naive: UTC, as stored times are
@@ -126,7 +135,10 @@ def refusal(e: sqlite3.Error, name: str) -> UnusableDatabase:
     if code.startswith("SQLITE_NOTADB") or "not a database" in text:
         return UnusableDatabase(f"{name} is not a SQLite database ({text}), so not a results database; it is left "
                                 f"as it is; {_FIX}")
-    if code.startswith("SQLITE_FULL") or "disk is full" in text:
+    # SQLite says I/O error, or cannot open, where a full disk stopped it creating the -wal beside the file
+    full = code.startswith("SQLITE_FULL") or "disk is full" in text or disk_full(name) and (
+        code.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")) or "I/O error" in text or "unable to open" in text)
+    if full:
         return UnusableDatabase(f"the disk holding the results database {name} is full ({text}); free space and "
                                 f"run again, or {_FIX}")
     if code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
@@ -139,6 +151,23 @@ def refusal(e: sqlite3.Error, name: str) -> UnusableDatabase:
         return UnusableDatabase(f"cannot read or write the results database {name} ({text}); check the disk, or "
                                 f"{_FIX}")
     return UnusableDatabase(f"cannot use {name} as the results database ({text}); {_FIX}")
+
+
+# Free bytes below which a failure to open or write the database is taken as the disk being full: SQLite meets a
+# full disk first when it creates the -wal and -shm files (tens of KiB), and reports that as an I/O error.
+FULL_DISK_BYTES = 1 << 20
+
+
+def disk_full(name: str | os.PathLike) -> bool:
+    """Whether the file system that holds (or would hold) `name` has less than FULL_DISK_BYTES free for this
+    user; False when that cannot be told (no such folder, no permission)."""
+    folder = Path(os.path.abspath(name)).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free < FULL_DISK_BYTES
+    except (OSError, ValueError):
+        return False
 
 
 def _engine_error(e: BaseException) -> bool:
@@ -351,6 +380,9 @@ def _connect(path: Path, readonly: bool) -> Connection:
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=Connection)
     except (OSError, sqlite3.Error) as e:
         verb = "open" if readonly else "create"
+        if getattr(e, "errno", None) == errno.ENOSPC or not readonly and disk_full(name):
+            raise UnusableDatabase(f"cannot {verb} results database {name}: the disk holding it is full "
+                                   f"({getattr(e, 'strerror', 0) or e}); free space and run again, or {_FIX}") from None
         raise ValueError(f"cannot {verb} results database {name} ({getattr(e, 'strerror', 0) or e}); {_FIX}") from None
     conn.name = name
     conn.text_factory = _text
@@ -421,7 +453,7 @@ def _at(obj, path: str, types: tuple, where: str = ""):
     for key in path.split(".") if path else ():
         value = None if value is None else _at(value, "", (dict,), f"{where[1:-1]} (a level of it)").get(key)
     if value is None and type(None) not in types:
-        raise ValueError(f"result has no {where} (or it is null); is it a result JSON of `speedrun train`?")
+        raise ValueError(f"result has no {where} (or it is null)")
     if isinstance(value, bool) and bool not in types or not isinstance(value, types):
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ValueError(f"result field {where} is {type(value).__name__}, expected {names}")
@@ -442,7 +474,8 @@ def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[
         stamp = _at(result, "environment.timestamp_utc", OPT_STR)
         report = (_at(result, "benchmark", (str,)), stamp and _utc(stamp, "environment.timestamp_utc"),
                   _at(result, "command", OPT_STR), source, digest, text)
-    else:  # a training result: the row and the runs rows, each value's type checked
+    else:  # a training result: its runs checked as compare reads them (the one check), then the row and the runs
+        check_train_result(result)
         row = {key: _at(result, key, (str,)) for key in ("recipe", "dataset", "device")}
         row.update(created_utc=_utc(_at(result, "environment.timestamp_utc", (str,)), "environment.timestamp_utc"),
                    n=_at(result, "n", (int,)), mean_accuracy=_at(result, "mean_accuracy", OPT_NUM),
@@ -485,11 +518,14 @@ def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, s
     device: the type or part of the name (any case); since/until: ISO dates/times, inclusive; command: a part."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10**9):
         raise ValueError(f"--limit must be an integer in [1, 1000000000], got {limit!r}")
-    until = until + "T23:59:59" if until is not None and len(until) == 10 else until  # a date: to its last second
+    # a date alone: --since from its first second, --until to its last (the day is included)
+    start = None if since is None else _utc(since, "--since")
+    end = None if until is None else _utc(until, "--until", end_of_day=True)
+    if start is not None and end is not None and start > end:
+        raise ValueError(f"--since {since!r:.80} is after --until {until!r:.80}, so no result can match; swap them")
     filters = {"recipe = ?": [recipe], "(dataset = ? OR substr(dataset, -length(?) - 1) = '/' || ?)": [dataset] * 3,
                "(lower(device) = lower(?) OR instr(lower(device_name), lower(?)) > 0)": [device] * 2,
-               "created_utc >= ?": [None if since is None else _utc(since, "--since")],
-               "created_utc <= ?": [None if until is None else _utc(until, "--until")],
+               "created_utc >= ?": [start], "created_utc <= ?": [end],
                "instr(command, ?) > 0": [command]}
     active = {clause: values for clause, values in filters.items() if values[0] is not None}
     stored = [column for column in COLUMNS if column != "kind"]
@@ -530,10 +566,24 @@ def query_reports(conn: sqlite3.Connection, kind: str | None = None) -> list[dic
 
 
 def get_result(conn: sqlite3.Connection, id: int) -> dict:
-    """The JSON of stored result or report #id, as it was given."""
-    sql = "SELECT json FROM results WHERE id = ?1 UNION ALL SELECT json FROM reports WHERE id = ?1"
-    for (text,) in conn.execute(sql, (id,)):
-        return json.loads(text)
+    """The JSON of stored result or report #id, read as a result file is (result_file.parse_result: bounded,
+    JSON, not nested past any result, an object): a row that is not is refused with one line naming the row, the
+    database and the fix. The database is a file from elsewhere too; a row may have been edited, cut or replaced."""
+    sql = (f"SELECT 'results', length(CAST(json AS BLOB)), CASE WHEN length(CAST(json AS BLOB)) <= {MAX_RESULT_BYTES} "
+           "THEN json END FROM results WHERE id = ?1 UNION ALL SELECT 'reports', length(CAST(json AS BLOB)), CASE WHEN "
+           f"length(CAST(json AS BLOB)) <= {MAX_RESULT_BYTES} THEN json END FROM reports WHERE id = ?1")
+    for table, size, text in conn.execute(sql, (id,)):
+        name = getattr(conn, "name", "the results database")
+        where = f"row #{id} of the results database {name} is damaged"
+        fix = (f"delete it (sqlite3 {shlex.quote(name)} 'DELETE FROM {table} WHERE id = {id}') and `speedrun results "
+               "import` its result file again, or move the database aside")
+        if isinstance(text, bytes):  # a BLOB: TEXT affinity keeps one as it is
+            text = _text(text)
+        if size is not None and size > MAX_RESULT_BYTES:
+            raise UnreadableResult(where, f"{size} bytes, more than any result ({MAX_RESULT_BYTES} at most)", fix)
+        if not isinstance(text, str):
+            raise UnreadableResult(where, f"its JSON is {'NULL' if text is None else type(text).__name__}", fix)
+        return parse_result(text, where, fix)
     raise ValueError(f"no stored result #{id}; `speedrun results` lists them")
 
 
@@ -551,5 +601,7 @@ def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
             raise UnusableDatabase(f"{e}; {path} and the files after it were not imported"
                                    + (f" (the {before} file(s) before it were)" if before else "")) from None
         except (ValueError, OSError, RecursionError) as e:  # OSError: in the system's words
-            done.append(Imported(path, None, (getattr(e, "strerror", 0) or str(e)).removeprefix(f"{path}: "), False))
+            # what is wrong, without a fix: the command names one for every file it could not import
+            error = e.reason if isinstance(e, UnreadableResult) else getattr(e, "strerror", 0) or str(e)
+            done.append(Imported(path, None, error.removeprefix(f"{path}: "), False))
     return done

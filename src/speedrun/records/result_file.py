@@ -147,9 +147,27 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
                          "directory or give a path (json_path / --json)") from None
 
 
+def check_file_name(path: str | os.PathLike, flag: str) -> None:
+    """Refuse (one line) an output path that is empty or names a folder by its form: what `flag` (--json, --trace,
+    --apply ...) takes is a file's name, which a folder's form (the user's "sub/dir/", meant as a folder to put the
+    result in) would silently turn into a file of the folder's name."""
+    text = os.fsdecode(path)
+    if not text.strip():
+        raise ValueError(f"{flag} {text!r} is empty; give a file name, e.g. result.json")
+    separators = tuple(sep for sep in (os.sep, os.altsep, "/") if sep)
+    last = re.split("|".join(map(re.escape, separators)), text)[-1]
+    if text.endswith(separators) or last in (".", ".."):
+        folder = text.rstrip("".join(separators)) or text
+        raise ValueError(f"{flag} {text!r} names a folder; give a file name, e.g. "
+                         f"{os.path.join(folder, 'result.json')}")
+
+
 def claim_result_path(path: str | Path, flag: str = "json_path / --json") -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now.
-    `flag`: what the user gave the path with, for the message (`--trace`, `--apply`, ...)."""
+    `flag`: what the user gave the path with, for the message (`--trace`, `--apply`, ...). An empty name, and one
+    that names a folder by its form (a trailing separator, a last part "." or ".."), are refused: a Path drops
+    the trailing "/" of "sub/dir/", which would become a file named dir."""
+    check_file_name(path, flag)
     path = user_path(path, flag)
     try:
         is_dir = path.is_dir()
@@ -203,32 +221,109 @@ def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
 
 # The largest result file read back (load_result): 10,000 runs with their per-epoch histories are a few MB.
 MAX_RESULT_BYTES = 64 * 2**20
+# The deepest nesting of a result: a bench report's results[i].runs[j].history[k] is 7 levels. Anything deeper is
+# not a result, and would reach Python's recursion limit in the comparisons and json.dumps that read it.
+MAX_RESULT_DEPTH = 64
+_FILE_FIX = "give a result JSON file"
+
+
+class UnreadableResult(ValueError):
+    """A result file or stored row that is not a result: one line, "WHERE: REASON; FIX". `reason` alone is kept for
+    a caller that gives its own fix (`speedrun results import` names one for all its files)."""
+
+    def __init__(self, where: str, reason: str, fix: str):
+        super().__init__(f"{where}: {reason}; {fix}")
+        self.reason = reason
+
+
+def _depth(obj) -> int:
+    """The nesting depth of parsed JSON (a number or string: 0), counted without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        value, level = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_RESULT_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def parse_result(text: str, where: str, fix: str = _FILE_FIX) -> dict:
+    """The result in `text`, a file's or a database row's, checked as a result is read from anywhere: not empty,
+    at most MAX_RESULT_BYTES, JSON, nested at most MAX_RESULT_DEPTH levels, an object. Otherwise an
+    UnreadableResult naming `where` (a file, "row #3 of the results database r.db") and `fix`."""
+    if len(text) > MAX_RESULT_BYTES:  # characters: a bound on the bytes' count too, for UTF-8 text of them
+        raise UnreadableResult(where, f"{len(text)} characters, more than any result ({MAX_RESULT_BYTES} at most)",
+                               fix)
+    if not text.strip():
+        raise UnreadableResult(where, "empty (a claimed result file whose run never finished)", fix)
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        obj = None
+    except json.JSONDecodeError as e:
+        raise UnreadableResult(where, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): truncated or "
+                                      "not a result", fix) from None
+    if obj is None or _depth(obj) > MAX_RESULT_DEPTH:
+        raise UnreadableResult(where, f"JSON nested more than {MAX_RESULT_DEPTH} levels deep, too deep to be a "
+                                      "result", fix)
+    if not isinstance(obj, dict):
+        raise UnreadableResult(where, f"a result is a JSON object, found {type(obj).__name__}", fix)
+    return obj
 
 
 def load_result(path: str | Path) -> dict:
-    """A stored result as a dict; a truncated, empty or non-JSON file raises a one-line ValueError naming it."""
+    """A stored result as a dict; a truncated, empty or non-JSON file raises a one-line ValueError naming it
+    (UnreadableResult)."""
     path = Path(path)
     info = path.stat()  # FileNotFoundError / PermissionError name the path
     if not stat.S_ISREG(info.st_mode):  # a fifo would block forever, /dev/zero never end
-        raise ValueError(f"{path}: not a regular file; give a result JSON file")
+        raise UnreadableResult(str(path), "not a regular file", _FILE_FIX)
     if info.st_size > MAX_RESULT_BYTES:
-        raise ValueError(f"{path}: {info.st_size} bytes, more than any result ({MAX_RESULT_BYTES} at most); give a "
-                         "result JSON file")
+        raise UnreadableResult(str(path), f"{info.st_size} bytes, more than any result ({MAX_RESULT_BYTES} at most)",
+                               _FILE_FIX)
     try:
         with open(path, "rb") as f:
             text = f.read(MAX_RESULT_BYTES + 1).decode("utf-8-sig")  # a BOM some editors add is not content
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not a result JSON (not UTF-8 text: {e.reason}); "
-                         "remove it or pass a result file") from None
-    if not text.strip():
-        raise ValueError(f"{path}: empty result file (a claimed path whose run never finished); give a result file")
-    try:
-        obj = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{path}: JSON nested too deeply to be a result; give a result JSON file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-                         f"the file is truncated or not a result; give a result JSON file") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: a result is a JSON object, found {type(obj).__name__}; pass a result file")
-    return obj
+        raise UnreadableResult(str(path), f"not a result JSON (not UTF-8 text: {e.reason})", _FILE_FIX) from None
+    return parse_result(text, str(path))
+
+
+# What a finished run's value may be: accuracy a fraction, timed seconds up to ten years.
+RUN_RANGES = {"accuracy": (0.0, 1.0), "train_seconds": (0.0, 3.2e8)}
+
+
+def check_train_result(result: dict) -> dict:
+    """`result` when it is a training result whose runs can be compared and stored; else a ValueError saying what is
+    wrong (the reason alone: the caller names the file or stored id, and the fix).
+
+    Every reader of a training result's runs takes them through this one check: `speedrun results import` and every
+    insert into the database, and `speedrun compare` of a file or a stored id. A run is a dict whose "diverged" is
+    null (or absent, as before divergence was recorded) or a dict; a finished run has an accuracy in [0, 1] and
+    timed seconds in [0, 3.2e8] (ten years), as finite numbers; seed and steps are integers or null."""
+    if not isinstance(result, dict):
+        raise ValueError(f"a result is a JSON object, found {type(result).__name__}")
+    if "benchmark" in result:
+        raise ValueError(f"a {str(result['benchmark'])[:40]!r} report, not a training result (no runs of its own)")
+    runs = result.get("runs")
+    if not isinstance(runs, list):
+        raise ValueError(f"'runs' is {type(runs).__name__}, not a list of runs; not a training result")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict) or not isinstance(run.get("diverged"), (dict, type(None))):
+            raise ValueError(f"run {i + 1} is not a run record (a dict whose 'diverged' is null or a dict)")
+        for key in ("seed", "steps"):
+            value = run.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not -2**63 <= value < 2**63):
+                raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not an integer")
+        if run.get("diverged") is not None:  # a diverged run has no accuracy or time
+            continue
+        for key, (low, high) in RUN_RANGES.items():
+            value = run.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not a number in [{low:g}, {high:g}]")
+    return result

@@ -3,14 +3,17 @@
 
 A file holds config keys and values as `--set` takes them (strings), with the recipe and device they were measured
 for. It is a file from elsewhere when read: bounded (MAX_SETTINGS_BYTES), a regular file, JSON of exactly this
-shape; the values are then parsed and checked by the recipe's config like any `--set`. A file measured for another
-recipe or device type is refused: what pays on one is not known to pay on another.
+shape (a UTF-8 byte order mark, which some editors write, is allowed); the values are then parsed and checked by the
+recipe's config like any `--set`. It may hold only the performance settings tune measures (KEYS): a file set once
+in $SPEEDRUN_SETTINGS must not change what a run measures (its epochs, its target) unseen. A file measured for
+another recipe or device type is refused: what pays on one is not known to pay on another.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from speedrun.errors import warn
@@ -20,6 +23,11 @@ VERSION = 1
 ENVIRONMENT = "$SPEEDRUN_SETTINGS"
 MAX_SETTINGS_BYTES = 64 * 1024
 MAX_VALUE_CHARS = 200
+# What a settings file may set: the keys instruments/tune.py measures (its GUIDE), and compile_mode, which it sets
+# beside compile. Each changes how fast a run goes; precision and batch_size may change the numbers too, and tune
+# recommends them only where the accuracy held (tests/test_redteam_models_settings.py keeps the two lists equal).
+KEYS = frozenset({"precision", "channels_last", "compile", "compile_mode", "cudnn_benchmark", "cpu_threads",
+                  "batch_size", "optimizer_kernel", "eval_batch_size", "workers", "pin_memory", "prefetch_factor"})
 
 
 def write_settings(path: Path, *, recipe: str, device: str, device_name: str | None, settings: dict[str, str],
@@ -32,27 +40,56 @@ def write_settings(path: Path, *, recipe: str, device: str, device_name: str | N
 
 def read_settings(path: str | os.PathLike) -> dict:
     """The settings file at `path`, checked (ValueError, one line naming the file and the fix)."""
-    path = Path(path)
+    shown, path = os.fspath(path), Path(path)  # shown as given: the caller names the same text
     fix = "write it with speedrun tune RECIPE --apply FILE"
     try:
         raw = read_bounded(path, MAX_SETTINGS_BYTES)
     except OSError as e:
-        raise ValueError(f"settings file {path}: {e.strerror or e}; {fix}") from None
+        raise ValueError(f"settings file {shown}: {e.strerror or e}; {fix}") from None
     if len(raw) > MAX_SETTINGS_BYTES:
-        raise ValueError(f"settings file {path}: over {MAX_SETTINGS_BYTES:,} bytes, not a settings file; {fix}")
+        raise ValueError(f"settings file {shown}: over {MAX_SETTINGS_BYTES:,} bytes, not a settings file; {fix}")
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8-sig"))  # utf-8-sig: a leading byte order mark is skipped
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ValueError(f"settings file {path}: not JSON; {fix}") from None
-    if not isinstance(obj, dict) or obj.get("speedrun_settings") != VERSION:
-        raise ValueError(f"settings file {path}: not a speedrun settings file (version {VERSION}); {fix}")
+        raise ValueError(f"settings file {shown}: not JSON; {fix}") from None
+    # exactly the int: true == 1 and 1.0 == 1 in Python, and neither is what write_settings writes
+    version = obj.get("speedrun_settings") if isinstance(obj, dict) else None
+    if type(version) is not int or version != VERSION:
+        raise ValueError(f"settings file {shown}: not a speedrun settings file (version {VERSION}); {fix}")
     settings = obj.get("settings")
     if not (isinstance(obj.get("recipe"), str) and isinstance(obj.get("device"), str) and isinstance(settings, dict)):
-        raise ValueError(f"settings file {path}: recipe, device and settings are missing or malformed; {fix}")
+        raise ValueError(f"settings file {shown}: recipe, device and settings are missing or malformed; {fix}")
     for key, value in settings.items():
         if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS or len(key) > MAX_VALUE_CHARS:
-            raise ValueError(f"settings file {path}: {key[:40]!r} must map to a string as --set takes it; {fix}")
+            raise ValueError(f"settings file {shown}: {key[:40]!r} must map to a string as --set takes it; {fix}")
     return obj
+
+
+def check_keys(settings: dict[str, str], config_keys) -> None:
+    """Refuse (ValueError naming the key and the fix) a key of `settings` that is not one of KEYS in `config_keys`
+    (the recipe's config fields)."""
+    allowed = ", ".join(sorted(KEYS & set(config_keys)))
+    for key in settings:
+        shown = key[:60]
+        if key not in config_keys:
+            raise ValueError(f"unknown config key {shown!r}: a settings file holds only the performance settings "
+                             f"speedrun tune measures ({allowed}); remove it from the file")
+        if key not in KEYS:
+            raise ValueError(f"{shown} is not a performance setting: a settings file holds only what speedrun tune "
+                             f"measures ({allowed}), which change how fast a run goes, not what it measures; remove "
+                             f"it from the file (give --set {shown}=... for a run meant to change it)")
+
+
+def leave_out(source: str) -> str:
+    """How to run without the settings file that came from `source`."""
+    return "unset SPEEDRUN_SETTINGS" if source == ENVIRONMENT else "leave out --settings"
+
+
+def named_values(message: str, settings: dict[str, str]) -> str:
+    """The keys of `settings` that `message` names as whole words ("batch_size" is not named by "eval_batch_size"),
+    each as key=value, comma-separated; empty where it names none."""
+    named = [k for k in settings if re.search(rf"(?<![\w.]){re.escape(k)}(?!\w)", message)]
+    return ", ".join(f"{k}={settings[k]}" for k in named)
 
 
 def overrides_from(path: str | os.PathLike, recipe: str, device: str, device_name: str | None = None,
@@ -68,8 +105,8 @@ def overrides_from(path: str | os.PathLike, recipe: str, device: str, device_nam
     elif obj["device"] != device:
         mismatch = f"was measured on {obj['device'][:20]!r}, not {device}"
     if mismatch is not None:
-        fix = "unset SPEEDRUN_SETTINGS" if source == ENVIRONMENT else "leave out --settings"
-        text = f"settings file {path} ({source}) {mismatch}: run speedrun tune {recipe} --apply FILE here, or {fix}"
+        text = (f"settings file {path} ({source}) {mismatch}: run speedrun tune {recipe} --apply FILE here, or "
+                f"{leave_out(source)}")
         if source == ENVIRONMENT:
             warn(text + "; not applied")
             return {}, None

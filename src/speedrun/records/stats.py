@@ -3,8 +3,11 @@ their text forms in tables (mean_std_text, interval_text, ratio_text).
 
 The Student-t distribution comes from scipy.stats (a library that is kept up, not hand-written special
 functions); it takes fractional degrees of freedom, as Welch's test needs. What stays here is what scipy does not
-decide for us: input checks whose messages say the fix, moments summed with math.fsum, the conventions for n = 1
-and for zero variance, and the interval of a ratio of means (the delta method on its log).
+decide for us: input checks whose messages say the fix, moments summed with math.fsum and scaled so that any
+finite floats (1e-300 .. 1e300) neither overflow nor vanish, the conventions for n = 1 and for zero variance,
+intervals clipped to the range of the quantity (seconds >= 0, accuracy in [0, 1]), and the interval of a ratio of
+means (the delta method on its log). A result out of floating-point range is a ValueError, which callers show as
+n/a.
 """
 
 from __future__ import annotations
@@ -57,35 +60,82 @@ class Summary:
         return asdict(self)
 
 
-def _mean_var(values: Sequence[float], name: str, min_n: int = 1) -> tuple[int, float, float]:
-    """(n, mean, sample variance with ddof=1; 0.0 for n = 1), after checking the values."""
+def _moments(values: Sequence[float], name: str, min_n: int = 1) -> tuple[int, float, float]:
+    """(n, mean, sample std with ddof=1; 0.0 for n = 1), after checking the values.
+
+    Any finite floats, 5e-324 to 1.8e308: the sum and the squares are taken of the values divided by their largest
+    magnitude (the deviations by the largest deviation), so that neither overflows (1e300 ** 2) nor underflows to 0
+    ((1e-300) ** 2), and the std is kept, not the variance, which would do either. A mean or std that is still out
+    of range is a ValueError naming it."""
     xs = [float(v) for v in values]
     if len(xs) < min_n:
         raise ValueError(f"{name} needs at least {min_n} value(s), got {len(xs)}; run more seeds (--runs)")
     if any(not math.isfinite(v) for v in xs):
         raise ValueError(f"{name} contains NaN or inf: {xs}; drop the failed runs first")
     n = len(xs)
-    mean = math.fsum(xs) / n
-    var = math.fsum((v - mean) ** 2 for v in xs) / (n - 1) if n > 1 else 0.0
-    return n, mean, var
+    try:
+        mean = math.fsum(xs) / n
+    except OverflowError:  # a partial sum past 1.8e308: the values over their largest magnitude cannot overflow
+        top = max(abs(v) for v in xs)
+        mean = top * (math.fsum(v / top for v in xs) / n)
+    if n == 1:
+        return n, mean, 0.0
+    deviations = [v - mean for v in xs]  # each within 2 * 1.8e308 only in theory: inf is caught below
+    widest = max(abs(d) for d in deviations)
+    if not math.isfinite(widest):
+        raise ValueError(f"{name}: the values spread past the floating-point range; rescale them (seconds, not ns)")
+    if widest == 0.0:
+        return n, mean, 0.0
+    std = widest * math.sqrt(math.fsum((d / widest) ** 2 for d in deviations) / (n - 1))
+    return n, mean, std
 
 
-def summarize(values: Sequence[float]) -> Summary:
+# The ranges of the quantities summarized (summarize's bounds): seconds and rates are >= 0, accuracy a fraction.
+NON_NEGATIVE = (0.0, math.inf)
+FRACTION = (0.0, 1.0)
+
+
+def summarize(values: Sequence[float], bounds: tuple[float, float] | None = None) -> Summary:
     """Summary of a sample; with n == 1 the std and the interval are None (one value has no spread, and a
-    zero-width interval would claim certainty)."""
-    n, mean, var = _mean_var(values, "summarize()")
+    zero-width interval would claim certainty).
+
+    bounds: (low, high), the range the quantity lies in (NON_NEGATIVE for seconds, FRACTION for accuracy); the
+    t-interval is clipped to it. Clipping keeps the coverage: the true mean lies in the range, so the part of the
+    interval outside it never holds the mean; at n = 2 the t-interval of timed seconds reaches far below 0. A value
+    outside the range (a file from elsewhere) widens it to that value, so the interval still holds the mean. None:
+    a quantity with no range (a difference). An interval whose end is out of floating-point range (values near
+    1e308) is None too."""
+    n, mean, std = _moments(values, "summarize()")
     xs = [float(v) for v in values]
+    low_bound, high_bound = (-math.inf, math.inf) if bounds is None else map(float, bounds)
+    low_bound, high_bound = min(low_bound, min(xs)), max(high_bound, max(xs))
     if n == 1:
         return Summary(n=1, mean=mean, std=None, ci95_low=None, ci95_high=None, min=xs[0], max=xs[0])
-    std = math.sqrt(var)
     half = t_quantile(0.975, n - 1) * std / math.sqrt(n)
-    return Summary(n=n, mean=mean, std=std, ci95_low=mean - half, ci95_high=mean + half, min=min(xs), max=max(xs))
+    # min/max with the mean: a mean rounded one ulp past a bound still lies in its interval
+    low, high = min(max(mean - half, low_bound), mean), max(min(mean + half, high_bound), mean)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        low = high = None
+    return Summary(n=n, mean=mean, std=std, ci95_low=low, ci95_high=high, min=min(xs), max=max(xs))
 
 
-def _satterthwaite(term_a: float, term_b: float, na: int, nb: int) -> float:
-    """Welch-Satterthwaite degrees of freedom of term_a + term_b, two variance estimates from na and nb values
-    (for a difference of means the terms are va / na and vb / nb). Needs term_a + term_b > 0."""
-    return (term_a + term_b) ** 2 / (term_a**2 / (na - 1) + term_b**2 / (nb - 1))
+def _satterthwaite(se_a: float, se_b: float, na: int, nb: int) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of two variance estimates from na and nb values, given as
+    their square roots (for a difference of means se_a = std(a) / sqrt(na)). Needs se_a + se_b > 0.
+
+    The formula (ta + tb)^2 / (ta^2 / (na - 1) + tb^2 / (nb - 1)), ta = se_a^2, does not change when both terms are
+    scaled alike, so it is taken of se / max(se_a, se_b): fourth powers of 1e-100 or 1e100 stay in range."""
+    top = max(se_a, se_b)
+    ta, tb = (se_a / top) ** 2, (se_b / top) ** 2
+    return (ta + tb) ** 2 / (ta**2 / (na - 1) + tb**2 / (nb - 1))
+
+
+def _finite(name: str, *values: float) -> None:
+    """The n/a path of a statistic whose inputs were finite but whose result is out of floating-point range (a
+    ratio of 1e300 to 1e-300, a difference of -1e308 and 1e308): a ValueError, which callers show as n/a."""
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name}: the result is out of floating-point range for these values; rescale them "
+                         "(seconds, not ns)")
 
 
 def welch_df(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -94,11 +144,12 @@ def welch_df(a: Sequence[float], b: Sequence[float]) -> float | None:
     It lies between min(na, nb) - 1 and na + nb - 2, and is n - 1 of the noisy sample when the other has zero
     variance. None when both have zero variance: there is no noise whose degrees of freedom could be counted.
     """
-    na, _, va = _mean_var(a, "welch_df(a)", 2)
-    nb, _, vb = _mean_var(b, "welch_df(b)", 2)
-    if va == 0.0 and vb == 0.0:
+    na, _, sa = _moments(a, "welch_df(a)", 2)
+    nb, _, sb = _moments(b, "welch_df(b)", 2)
+    se_a, se_b = sa / math.sqrt(na), sb / math.sqrt(nb)
+    if se_a == 0.0 and se_b == 0.0:
         return None
-    return _satterthwaite(va / na, vb / nb, na, nb)
+    return _satterthwaite(se_a, se_b, na, nb)
 
 
 def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
@@ -106,18 +157,22 @@ def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
 
     Agrees with scipy.stats.ttest_ind(a, b, equal_var=False), except that when both samples have zero variance
     (where scipy gives NaN) the test is decided by the means: p = 1.0 when they are equal, else 0.0
-    (t = 0.0 or +-inf).
+    (t = 0.0 or +-inf); a t past the floating-point range is +-inf alike, with p = 0.0. A difference of means past
+    it (1e308 against -1e308) is a ValueError, the n/a path.
     """
-    na, ma, va = _mean_var(a, "welch_t_test(a)", 2)
-    nb, mb, vb = _mean_var(b, "welch_t_test(b)", 2)
-    se2 = va / na + vb / nb
-    if se2 == 0.0:
+    na, ma, sa = _moments(a, "welch_t_test(a)", 2)
+    nb, mb, sb = _moments(b, "welch_t_test(b)", 2)
+    se_a, se_b = sa / math.sqrt(na), sb / math.sqrt(nb)
+    se = math.hypot(se_a, se_b)  # sqrt(va / na + vb / nb) without squaring
+    if se == 0.0:
         if ma == mb:
             return 0.0, 1.0
         return math.copysign(math.inf, ma - mb), 0.0
-    t = (ma - mb) / math.sqrt(se2)
+    d = ma - mb
+    _finite("welch_t_test()", d)
+    t = d / se
     # The upper tail directly, not 1 - cdf, so that small p-values keep their digits.
-    p = 2.0 * float(scipy.stats.t.sf(abs(t), _satterthwaite(va / na, vb / nb, na, nb)))
+    p = 2.0 * float(scipy.stats.t.sf(abs(t), _satterthwaite(se_a, se_b, na, nb)))
     return t, p
 
 
@@ -125,14 +180,18 @@ def diff_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, flo
     """(mean(a) - mean(b), low, high): the Welch 95% interval, d +- t_0.975(df_WS) * sqrt(va/na + vb/nb).
 
     Zero width when both samples have zero variance. It excludes 0 exactly when welch_t_test's p < 0.05.
+    ValueError where an end is out of floating-point range.
     """
-    na, ma, va = _mean_var(a, "diff_ci95(a)", 2)
-    nb, mb, vb = _mean_var(b, "diff_ci95(b)", 2)
+    na, ma, sa = _moments(a, "diff_ci95(a)", 2)
+    nb, mb, sb = _moments(b, "diff_ci95(b)", 2)
+    se_a, se_b = sa / math.sqrt(na), sb / math.sqrt(nb)
     d = ma - mb
-    se2 = va / na + vb / nb
-    if se2 == 0.0:
+    se = math.hypot(se_a, se_b)
+    if se == 0.0:
+        _finite("diff_ci95()", d)
         return d, d, d
-    half = t_quantile(0.975, _satterthwaite(va / na, vb / nb, na, nb)) * math.sqrt(se2)
+    half = t_quantile(0.975, _satterthwaite(se_a, se_b, na, nb)) * se
+    _finite("diff_ci95()", d, d - half, d + half)
     return d, d - half, d + half
 
 
@@ -147,21 +206,33 @@ def ratio_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, fl
     sqrt(Var(log R))), df from Welch-Satterthwaite applied to those two terms: R times and divided by one factor,
     so 0 < low <= R <= high, whereas R +- t * se(R) (the delta method on R itself) reaches below 0 for noisy
     times. When b has no noise it is the t-interval of mean(a) on the log scale. Times and accuracies are
-    positive: a mean <= 0 has no log, and is refused (ValueError; callers show n/a).
+    positive: a mean <= 0 has no log, and is refused (ValueError; callers show n/a). So is a ratio or an end
+    outside the positive floats (1e300 against 1e-300): each term is taken as (std / mean)^2 / n, never var / mean^2,
+    whose mean^2 is 0 for a mean of 1e-300.
     """
-    na, ma, va = _mean_var(a, "ratio_ci95(a)", 2)
-    nb, mb, vb = _mean_var(b, "ratio_ci95(b)", 2)
+    na, ma, sa = _moments(a, "ratio_ci95(a)", 2)
+    nb, mb, sb = _moments(b, "ratio_ci95(b)", 2)
     for name, mean in (("b", mb), ("a", ma)):
         if not mean > 0.0:
             raise ValueError(f"ratio_ci95: mean({name}) is {mean:g}; a ratio of times or accuracies needs two "
                              "positive means")
     r = ma / mb
-    term_a = va / (na * ma**2)
-    term_b = vb / (nb * mb**2)
-    if term_a + term_b == 0.0:
+    if not 0.0 < r < math.inf:
+        raise ValueError(f"ratio_ci95: {ma:g} / {mb:g} is out of floating-point range; rescale the values")
+    # the standard errors of log mean(a) and log mean(b): coefficients of variation over sqrt(n)
+    se_a, se_b = sa / ma / math.sqrt(na), sb / mb / math.sqrt(nb)
+    _finite("ratio_ci95()", se_a, se_b)
+    se = math.hypot(se_a, se_b)
+    if se == 0.0:
         return r, r, r
-    half = t_quantile(0.975, _satterthwaite(term_a, term_b, na, nb)) * math.sqrt(term_a + term_b)
-    return r, r * math.exp(-half), r * math.exp(half)
+    half = t_quantile(0.975, _satterthwaite(se_a, se_b, na, nb)) * se
+    try:
+        low, high = r * math.exp(-half), r * math.exp(half)
+    except OverflowError:
+        low = high = math.inf
+    if not 0.0 < low <= r <= high < math.inf:
+        raise ValueError(f"ratio_ci95: the interval of {r:g} is out of floating-point range for these values")
+    return r, low, high
 
 
 def mean_diff_test(a: Sequence[float], b: Sequence[float]) -> dict:
@@ -193,10 +264,17 @@ def mean_std_text(summary: dict | None, scale: float = 1.0, digits: int = 2) -> 
     return text + (f" ± {scale * summary['std']:.{digits}f}" if spread else "")
 
 
+def signed_text(value: float, digits: int = 2) -> str:
+    """"+0.35", "-1.40", and "0.00" for a value that rounds to zero at `digits` (format's "+.2f" writes -0.004 and
+    -0.0 as "-0.00", a loss that is not there)."""
+    text = f"{value:+.{digits}f}"
+    return text[1:] if float(text) == 0.0 else text
+
+
 def interval_text(value: float, interval: list[float], scale: float = 1.0) -> str:
     """"+0.35 (-1.40 .. +2.11)": a signed difference and its 95% interval, times `scale` (100: points)."""
     low, high = interval
-    return f"{value * scale:+.2f} ({low * scale:+.2f} .. {high * scale:+.2f})"
+    return f"{signed_text(value * scale)} ({signed_text(low * scale)} .. {signed_text(high * scale)})"
 
 
 def ratio_text(test: dict) -> str:

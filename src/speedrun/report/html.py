@@ -123,13 +123,13 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
         if not drawn:
             no_curve.append(name)
     if len(out) == 1:
-        out.append('<p class="note">No result on real data is stored yet.</p>')
+        out.append('<p class="note">Nothing to draw: no result is ranked (see the leaderboards above).</p>')
     if no_curve:
         which = "No learning curve is shown" if len(no_curve) == len(by_data) else \
             f"No learning curve is shown for {escape(', '.join(no_curve))}"
         curves_html.append(f'<p class="note">{which}: {NO_CURVE_NOTE}.</p>')
     elif not by_data:
-        curves_html.append('<p class="note">No result on real data is stored yet.</p>')
+        curves_html.append('<p class="note">Nothing to draw: no result is ranked (see the leaderboards above).</p>')
     return out + curves_html
 
 
@@ -155,7 +155,8 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
            '<p class="note">The newest report of each kind per recipe, dataset and device (of `speedrun bench`, per '
            'set of settings compared). Intervals are 95% confidence intervals of the mean; "-" where a side has '
            f'fewer than two runs. On {SYNTHETIC_NOTE}, only the times of the settings are charted.</p>']
-    for report in rep.newest_reports(conn, ("bench", "ablate", "waterfall", "to_target", "tune")):
+    left_out: list[str] = []  # every stored report this section cannot draw, named on the page
+    for report in rep.newest_reports(conn, ("bench", "ablate", "waterfall", "to_target", "tune"), left_out):
         kind = report.get("benchmark")
         synthetic = rep.is_synthetic(report.get("dataset"))
         prov = escape(rep.provenance(report)) + ("; synthetic data: accuracy is chance level here" if synthetic
@@ -197,6 +198,11 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
                              _num("-" if r["n"] is None else str(int(r["n"]))), _num(rep.ratio_text(r)),
                              _num(rep.p_text(r["p"])), _num(rep.ci_text(r)) if r["changes_numbers"] else
                              "(same numbers)", escape(r["verdict"])] for r in rows])]
+        else:  # newest_reports passes only reports that draw (queries.drawing_problem): a kind it draws, rows
+            left_out.append(f"report #{report['_id']} could not be drawn")
+    if left_out:
+        out += ['<p class="note">Stored, but not drawn here:</p>',
+                "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in left_out) + "</ul>"]
     return out if len(out) > 2 else out[:1] + ['<p class="note">No bench or ablation report is stored yet '
                                                '(`speedrun bench`, `speedrun ablate`).</p>']
 
@@ -220,9 +226,9 @@ def page(conn: sqlite3.Connection) -> str:
             + ('<a href="#speed">speed only (synthetic data)</a> · ' if speed else '')
             + '<a href="#accuracy-time">accuracy against time</a> · <a href="#curves">learning curves</a> · '
             '<a href="#ablation">bench and ablations</a> · <a href="#reports">reports</a></p>']
-    body += _leaderboards(conn, boards) if boards else ['<h2 id="leaderboard">Leaderboards</h2>', '<p class="note">'
-                                                         + ('No result on real data' if speed else 'No result')
-                                                         + ' is stored yet.</p>']
+    body += _leaderboards(conn, boards) if boards else [
+        '<h2 id="leaderboard">Leaderboards</h2>', '<p class="note">' + escape(
+            "No result on real data is stored yet." if speed else rep.unranked_text(conn)) + '</p>']
     body += (_speed_boards(speed) if speed else []) + _charts_per_dataset(conn, boards) + _ablations(conn)
     body += _reports(conn)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + rep.GENERATOR +

@@ -17,7 +17,7 @@ from speedrun.errors import printable
 from speedrun.records.result_file import write_text
 from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
                                      leaderboards, newest_reports, p_text, pm_text, provenance, ratio_text,
-                                     report_title, tune_recommended, tune_rows, waterfall_rows)
+                                     report_title, tune_recommended, tune_rows, unranked_text, waterfall_rows)
 
 
 def _md_provenance(report: dict) -> str:
@@ -72,8 +72,9 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
     """BENCHMARKS.md's generated section: the newest ablation and waterfall tables per recipe, dataset, device."""
-    lines = []
-    for report in newest_reports(conn, ("ablate", "waterfall", "tune")):
+    lines: list[str] = []
+    left_out: list[str] = []  # every stored report these tables cannot show, named in the section
+    for report in newest_reports(conn, ("ablate", "waterfall", "tune"), left_out):
         env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
         where = (f"{clip_text(env.get('device_name') or report.get('device'), 60)}, "
                  f"torch {clip_text(env.get('torch'), 30)}")
@@ -96,14 +97,19 @@ def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
                                [[r["setting"], r["guide"], "-" if r["n"] is None else str(int(r["n"])), ratio_text(r),
                                  p_text(r["p"]), ci_text(r) if r["changes_numbers"] else "(same numbers)",
                                  r["verdict"]] for r in rows])
-        else:
+        elif report.get("benchmark") == "waterfall":
             rows = waterfall_rows(report)
             lines += [f"#### Waterfall: {_md(report_title(report, 'tricks added one at a time'))}", "",
                       f"{_md(where)}; {_md_provenance(report)}.", ""]
             lines += _md_table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
                                [[r["label"], pm_text(r["accuracy"], r["std"], 100), ci_text(r), p_text(r["p"]),
                                  pm_text(r["seconds"], None)] for r in rows])
+        else:  # newest_reports passes only the kinds asked for
+            left_out.append(f"report #{report['_id']} could not be shown")
+            continue
         lines.append("")
+    if left_out:
+        lines += ["Stored, but not shown here:", "", *(f"- {_md(line)}" for line in left_out)]
     return lines or ["No ablation or waterfall report is stored yet (`speedrun ablate`)."]
 
 
@@ -111,7 +117,7 @@ def readme_lines(conn: sqlite3.Connection, per_board: int = 3) -> list[str]:
     """The README's records table: the first `per_board` rows of each leaderboard."""
     rows = [(board, r) for board in leaderboards(conn) for r in board["rows"][:per_board]]
     if not rows:
-        return ["No result is stored yet."]
+        return [unranked_text(conn)]
     table = _md_table(["dataset", "target", "recipe", "device", "test acc %", "timed s", "n", "reached", "date",
                        "command"],
                       [[clip_text(b["dataset"], 80), NO_TARGET if b["target"] is None else f"{100 * b['target']:g}%",
@@ -129,19 +135,89 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
+_NEWLINE = re.compile(r"(\r\n|\r|\n)")  # CommonMark's line endings, each kept as the file has it
+# A fenced code block's opening line (CommonMark): up to three spaces, then three or more backticks (an info string
+# without a backtick after them) or tildes. It closes at a line of the same character, at least as many, alone.
+_FENCE = re.compile(r" {0,3}(`{3,}(?!.*`)|~{3,})")
+
+
+def _lines(doc: str) -> list[tuple[str, str]]:
+    """(text, line ending) per line of `doc`: joined again, they are `doc` byte for byte; the last line's ending
+    is "" where the file does not end with one."""
+    parts = _NEWLINE.split(doc)
+    lines = list(zip(parts[0::2], parts[1::2] + [""]))
+    return lines[:-1] if lines[-1] == ("", "") else lines
+
+
+def _live_lines(lines: list[tuple[str, str]]) -> tuple[list[tuple[int, str]], bool]:
+    """(index, text) of the lines outside fenced code blocks (a marker inside one is an example, not a marker), the
+    first line's text without the byte-order mark a file may start with; and whether a fence is left open."""
+    live, fence = [], None
+    for i, (text, _) in enumerate(lines):
+        if i == 0:
+            text = text.removeprefix("\ufeff")
+        if fence is not None:
+            closing = text.rstrip(" \t")
+            run = closing.lstrip(" ")
+            if len(closing) - len(run) <= 3 and len(run) >= len(fence) and run == fence[0] * len(run):
+                fence = None
+            continue
+        opening = _FENCE.match(text)
+        if opening:
+            fence = opening.group(1)
+            continue
+        live.append((i, text))
+    return live, fence is not None
+
+
 def replace_marked(doc: str, sections: dict[str, str], where: str) -> str:
-    """`doc` with the text between each section's markers replaced; the rest kept byte for byte. Markers
-    missing, repeated or out of order are a ValueError naming the lines to add."""
+    """`doc` with the text between each section's marker lines replaced, written with the newline of the begin
+    line; every byte outside them kept (a byte-order mark, CRLF line ends, a last line without one). A marker is a
+    line of its own (spaces around it aside) outside fenced code blocks; markers missing, repeated or out of order,
+    a marker beside other text on its line, or sections that overlap, are a ValueError naming what to change."""
+    lines = _lines(doc)
+    live = _live_lines(lines)[0]
+    found: dict[str, list[int]] = {}  # marker -> the indices of its lines
     for name, text in sections.items():
         begin, end = markers(name)
-        if doc.count(begin) != 1 or doc.count(end) != 1 or doc.index(begin) > doc.index(end):
+        # either would hide the end marker next time (a fence left open makes it an example), and a fence left open
+        # would show the rest of the file as code
+        if begin in text or end in text or _live_lines(_lines(text))[1]:
+            raise ValueError(f"the generated {name} text holds one of its own markers or an open code fence; this "
+                             "is a bug in speedrun")
+        for marker in (begin, end):
+            found[marker] = []
+        for i, line in live:
+            for marker in (begin, end):
+                if line.strip(" \t") == marker:
+                    found[marker].append(i)
+                elif marker in line:
+                    raise ValueError(f"{where} line {i + 1} holds {marker} beside other text; put the marker on a "
+                                     "line of its own (the generated text replaces the lines between the markers)")
+    spans = []
+    for name in sections:
+        begin, end = markers(name)
+        if len(found[begin]) != 1 or len(found[end]) != 1 or found[begin][0] > found[end][0]:
+            fenced = sum(marker in text for text, _ in lines for marker in (begin, end)) \
+                - len(found[begin]) - len(found[end])
+            note = (f" ({fenced} marker(s) inside fenced code blocks are examples, not markers)" if fenced > 0
+                    else "")
             raise ValueError(f"{where} needs one line {begin} and, after it, one line {end}; the generated "
-                             f"{name} text goes between them")
-        if begin in text or end in text:  # it would end the section early next time
-            raise ValueError(f"the generated {name} text holds one of its own markers; this is a bug in speedrun")
-        head, rest = doc.split(begin, 1)
-        doc = head + begin + "\n" + text.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
-    return doc
+                             f"{name} text goes between them{note}")
+        spans.append((found[begin][0], found[end][0], name))
+    spans.sort()
+    for (_, first_end, first), (second_begin, _, second) in zip(spans, spans[1:]):
+        if second_begin < first_end:
+            raise ValueError(f"{where}: the {second} section (line {second_begin + 1}) begins inside the {first} "
+                             f"section; end the {first} section first")
+    out, kept = [], 0  # kept: the lines up to here are copied
+    for begin_at, end_at, name in spans:
+        newline = lines[begin_at][1]  # the begin line has one: the end line follows it
+        out += [text + ending for text, ending in lines[kept:begin_at + 1]]
+        out += [line + newline for line in _NEWLINE.split(sections[name].rstrip("\r\n"))[0::2]]
+        kept = end_at
+    out += [text + ending for text, ending in lines[kept:]]
+    return "".join(out)
 
 
 MAX_MARKDOWN_BYTES = 16 * 2**20  # a README or BENCHMARKS.md is far smaller; a bigger file is not one
@@ -149,7 +225,8 @@ MAX_MARKDOWN_BYTES = 16 * 2**20  # a README or BENCHMARKS.md is far smaller; a b
 
 def prepare_marked(path: str | Path, sections: dict[str, str], flag: str = "--write") -> tuple[Path, str, int]:
     """(the file to write, its new text, its permission bits) for rewrite_marked, every check made first: the
-    file a symlink names (the link is kept), a regular UTF-8 file of bounded size that the user may write."""
+    file a symlink names (the link is kept), a regular UTF-8 file of bounded size that the user may write. The
+    text is read as bytes decoded, never with newlines translated: what lies outside the sections is kept."""
     if not str(path):
         raise ValueError(f"{flag} needs a file name, e.g. {flag} README.md")
     where = str(path)
@@ -158,20 +235,59 @@ def prepare_marked(path: str | Path, sections: dict[str, str], flag: str = "--wr
         info = os.stat(real)
         if not stat.S_ISREG(info.st_mode):  # a fifo would block, a device never end
             raise ValueError(f"{flag} {where} is not a regular file; give the Markdown file to update")
-        if info.st_size > MAX_MARKDOWN_BYTES:
-            raise ValueError(f"{flag} {where} has {info.st_size} bytes, more than a Markdown file of ours "
-                             f"({MAX_MARKDOWN_BYTES}); give the Markdown file to update")
         if not os.access(real, os.W_OK):
             raise ValueError(f"{flag} {where} is read-only; make it writable (chmod u+w) or give another file")
-        doc = real.read_text(encoding="utf-8")
+        with open(real, "rb") as f:
+            data = f.read(MAX_MARKDOWN_BYTES + 1)  # the size again: the file may have grown since stat
+        if len(data) > MAX_MARKDOWN_BYTES:
+            raise ValueError(f"{flag} {where} has more than {MAX_MARKDOWN_BYTES} bytes, more than a Markdown file "
+                             "of ours; give the Markdown file to update")
+        doc = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read {flag} {where} ({getattr(e, 'strerror', None) or e}); give the Markdown "
                          "file to update") from None
     return real, replace_marked(doc, sections, where), stat.S_IMODE(info.st_mode)
 
 
+def same_file(path: str | Path) -> tuple:
+    """What tells one file from another: its device and inode (two names of one file, a symlink's or a hard
+    link's, are one), or its resolved path where it cannot be read (prepare_marked says why)."""
+    real = os.path.realpath(path)
+    try:
+        info = os.stat(real)
+    except OSError:
+        return ("path", real)
+    return ("file", info.st_dev, info.st_ino)
+
+
+def prepare_marked_files(requests: list[tuple[str | Path, dict[str, str], str]]) -> list[tuple[Path, str, int, str]]:
+    """prepare_marked for each (path, sections, flag), the sections meant for one file (by any of its names)
+    placed in one text: written one after the other, the second write, made from the file as it was read, would
+    undo the first. Per file to write: (the file, its new text, its permission bits, the names of its sections, as
+    "records" or "records and ablation"). Two hard links to one file are two files to write, with the same text
+    (an atomic write replaces the name it writes, so the link cannot be kept)."""
+    groups: dict[tuple, tuple[list[str | Path], dict[str, str], list[str]]] = {}
+    for path, sections, flag in requests:
+        if not str(path):
+            raise ValueError(f"{flag} needs a file name, e.g. {flag} README.md")
+        paths, merged, flags = groups.setdefault(same_file(path), ([], {}, []))
+        for name in sections:
+            if name in merged:
+                raise ValueError(f"{' and '.join([*flags, flag])} name the same file {path} and both its {name} "
+                                 "section; give each flag its own file")
+        merged.update(sections)
+        paths.append(path)
+        flags.append(flag)
+    writes = []
+    for paths, sections, flags in groups.values():
+        real, text, mode = prepare_marked(paths[0], sections, "/".join(flags))
+        names = " and ".join(sections)
+        writes.append((real, text, mode, names))
+        others = {Path(os.path.realpath(path)) for path in paths[1:]} - {real}
+        writes += [(other, text, mode, names) for other in sorted(others)]
+    return writes
+
+
 def rewrite_marked(path: str | Path, sections: dict[str, str], flag: str = "--write") -> None:
     """replace_marked on a file, written atomically (its permissions kept) once every section is placed."""
     write_text(*prepare_marked(path, sections, flag))
-
-

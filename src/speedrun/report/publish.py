@@ -61,6 +61,15 @@ def check_out(text: str | None, default: str = DEFAULT_OUT) -> Path:
     return path
 
 
+def _not_markdown(out: str | None, out_path: Path, requests: list[tuple]) -> None:
+    """The page's file is none of the Markdown files (an earlier page is all --out replaces; a README that
+    happens to carry GENERATOR would be lost)."""
+    for path, _, flag in requests:
+        if md.same_file(path) == md.same_file(out_path):
+            raise ValueError(f"--out {out or DEFAULT_OUT} and {flag} {path} are the same file; give --out another "
+                             "file name")
+
+
 def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None, readme: str | None = None,
             benchmarks: str | None = None, log: Callable[[str], None] = print_line) -> None:
     """The page written to `out` (DEFAULT_OUT when neither readme nor benchmarks is given), and the generated
@@ -73,24 +82,26 @@ def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None,
                          "(speedrun train) or give one with --db PATH")
     page = out is not None or (readme is None and benchmarks is None)
     out_path = check_out(out) if page else None
-    writes = []
+    requests = []  # (file, sections, flag); one write per file, whatever names it was given by
     with contextlib.closing(db.connect(path, readonly=True)) as conn:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):  # a library's note on odd data is not ours
                 warnings.simplefilter("ignore")
                 if readme is not None:
-                    writes.append(md.prepare_marked(readme, {"records": "\n".join(md.readme_lines(conn))},
-                                                    "--readme"))
+                    requests.append((readme, {"records": "\n".join(md.readme_lines(conn))}, "--readme"))
                 if benchmarks is not None:
-                    writes.append(md.prepare_marked(benchmarks, {"ablation": "\n".join(md.benchmarks_lines(conn))},
-                                                    "--benchmarks"))
+                    requests.append((benchmarks, {"ablation": "\n".join(md.benchmarks_lines(conn))},
+                                     "--benchmarks"))
+                writes = md.prepare_marked_files(requests)
+                if out_path is not None:
+                    _not_markdown(out, out_path, requests)
                 html = report_html.page(conn) if page else None
         except sqlite3.Error as e:  # a damaged file, or tables changed by hand
             raise ValueError(f"cannot read the results database {path} ({e}); it is damaged or "
                              f"was changed by another program; give another with --db PATH") from None
-    for target, text, mode in writes:
+    for target, text, mode, names in writes:
         write_text(target, text, mode)
-        log(f"rewrote the generated section of {target}")
+        log(f"rewrote the generated {names} section{'s' if ' and ' in names else ''} of {target}")
     if html is not None:
         check_out(out)  # again: drawing takes seconds; a file may have appeared
         write_text(out_path, html)

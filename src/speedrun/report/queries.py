@@ -26,6 +26,7 @@ GENERATOR = '<meta name="generator" content="speedrun report">'
 # Bounds, so that a database holding anything draws a page of bounded size in bounded time and memory.
 ROWS_PER_BOARD, CURVES_PER_CHART, POINTS_PER_CHART = 25, 8, 300
 MAX_BOARDS, MAX_REPORTS, MAX_ITEMS = 30, 20, 60  # leaderboards; reports shown; rows of one report's table
+MAX_LEFT_OUT = 20  # reports named as not drawn
 MAX_HISTORY_CHARS, MAX_EPOCHS = 2_000_000, 1000  # one run's stored history; points on one curve
 MAX_REPORT_CHARS = 64 * 2**20  # results.MAX_RESULT_BYTES: what `results import` takes
 NO_TARGET = "no target"
@@ -102,6 +103,23 @@ def board_name(board: dict) -> str:
     return f"{clip_text(board['dataset'], 200)} ({board['family']} family)"
 
 
+def unranked_text(conn: sqlite3.Connection) -> str:
+    """Why the leaderboards hold nothing though results are stored, in words: "No result is stored yet.", or how
+    many stored results are smoke tests, incomplete, a bench's or ablation's settings, or without an accuracy (the
+    leaderboards rank none of these), and what ranks."""
+    smoke, incomplete, settings, stored = conn.execute(
+        f"""SELECT coalesce(sum(coalesce({_json_at('$.smoke_test')}, 0) != 0), 0),
+        coalesce(sum(NOT coalesce({_json_at('$.complete')}, 1)), 0),
+        coalesce(sum(instr(coalesce(command, ''), '  # setting ') > 0), 0), count(*) FROM results""").fetchone()
+    if not stored:
+        return "No result is stored yet."
+    parts = [f"{n} {what}" for n, what in ((smoke, "smoke test(s): pipeline checks, not results"),
+                                           (incomplete, "incomplete (interrupted)"),
+                                           (settings, "a bench's or ablation's setting(s)")) if n]
+    return (f"No stored result is ranked: of the {stored} stored, " + ("; ".join(parts) or "none has an accuracy")
+            + ". A `speedrun train` without --smoke, run to its end, is ranked.")
+
+
 def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False) -> list[dict]:
     """[{"dataset", "family", "target", "rows": ranked}] per dataset, recipe family and target accuracy, in that
     order; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Real data only; synthetic=True:
@@ -149,18 +167,25 @@ def fingerprint_text(row: dict) -> str:
         f"driver {row['driver'] or '-'}", f"{int(row['processes'] or 1)} process(es)"))
 
 
-def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dict]:
+def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...], left_out: list[str] | None = None) -> list[dict]:
     """The newest complete report of each kind per (recipe, dataset, device), or, where none is complete, the
-    newest partial one; dicts with "_id", "_date" and "_partial"; at most MAX_REPORTS."""
+    newest partial one; dicts with "_id", "_date" and "_partial"; at most MAX_REPORTS. Only reports that can be
+    drawn (drawing_problem): each stored one that cannot, and the reports past MAX_REPORTS, get a sentence in
+    `left_out` (at most MAX_LEFT_OUT, then one that counts the rest), so that a page never hides them."""
     chosen: dict[tuple, dict] = {}
-    sql = (f"SELECT id, created_utc, json FROM reports WHERE kind IN ({', '.join('?' * len(kinds))}) "
-           f"AND length(json) <= {MAX_REPORT_CHARS} ORDER BY created_utc DESC, id DESC")
-    for id_, date, text in conn.execute(sql, kinds):
+    problems: list[str] = []
+    sql = (f"SELECT id, kind, created_utc, CASE WHEN length(json) <= {MAX_REPORT_CHARS} THEN json END FROM reports "
+           f"WHERE kind IN ({', '.join('?' * len(kinds))}) ORDER BY created_utc DESC, id DESC")
+    for id_, kind, date, text in conn.execute(sql, kinds):
         try:
-            report = json.loads(text)
-        except (ValueError, RecursionError):
-            continue  # the database stores strict JSON; a file edited by hand is skipped, not fatal
-        if not isinstance(report, dict):
+            report = json.loads(text) if text is not None else None
+            problem = ("it is larger than a stored report may be" if text is None else
+                       "it is not a JSON object" if not isinstance(report, dict) else drawing_problem(report, kind))
+        except (ValueError, RecursionError, TypeError):  # the database stores strict JSON; this was edited by hand
+            problem = "it is not valid JSON"
+        if problem is not None:
+            problems.append(f"report #{id_} ({clip_text(kind, 40)}, {clip_text(date, 40)[:10]}) could not be "
+                            f"drawn: {problem}")
             continue
         key = tuple(clip_text(report.get(k), 200) for k in ("benchmark", "recipe", "dataset", "device"))
         if report.get("benchmark") == "bench":  # benches of different --vary are different questions: each shown
@@ -168,7 +193,43 @@ def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dic
         partial = report.get("complete") is not True or report.get("interrupted") is True
         if key not in chosen or (chosen[key]["_partial"] and not partial):
             chosen[key] = {**report, "_id": id_, "_date": clip_text(date, 40), "_partial": partial}
+    if left_out is not None:
+        left_out += problems[:MAX_LEFT_OUT]
+        if len(problems) > MAX_LEFT_OUT:
+            left_out.append(f"{len(problems) - MAX_LEFT_OUT} more report(s) could not be drawn")
+        if len(chosen) > MAX_REPORTS:
+            left_out.append(f"{len(chosen) - MAX_REPORTS} more report(s) not drawn: at most {MAX_REPORTS} are")
     return list(chosen.values())[:MAX_REPORTS]
+
+
+# The list each kind of report draws, and its rows: a report whose list holds no row that can be drawn is named.
+REPORT_LISTS = {"bench": "settings", "ablate": "tricks", "waterfall": "waterfall", "to_target": "variants",
+                "tune": "tune.rows"}
+
+
+def report_rows(report: dict) -> list[dict]:
+    """The rows a report of its "benchmark" kind draws (none for another kind)."""
+    rows = {"bench": setting_rows, "ablate": ablation_rows, "waterfall": waterfall_rows, "to_target": target_rows,
+            "tune": tune_rows}.get(report.get("benchmark"))
+    return [] if rows is None else rows(report)
+
+
+def drawing_problem(report: dict, kind: str) -> str | None:
+    """Why a stored report (a dict) of `kind` (the reports table's) cannot be drawn, as "settings is not a list";
+    None when it can."""
+    if report.get("benchmark") != kind:
+        return f"its benchmark field is {clip_text(json.dumps(report.get('benchmark')), 60)}, not \"{kind}\""
+    field = REPORT_LISTS.get(kind)
+    if field is None:
+        return f"a page does not draw {kind} reports"
+    value = report
+    for part in field.split("."):
+        value = _dict(value).get(part)
+    if not isinstance(value, list):
+        return f"{field} is {'missing' if value is None else 'not a list'}"
+    if not report_rows(report):
+        return f"no entry of {field} has the numbers to draw ({len(value)} listed)"
+    return None
 
 
 def accuracy_curves(conn: sqlite3.Connection, rows: list[dict]) -> list[dict]:

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from speedrun.engine import peak
 from speedrun.errors import printable
-from speedrun.records.stats import summarize
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, summarize
 
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
 _WIDE = 200  # columns for output that is not a terminal: long enough for any table, so nothing wraps
@@ -142,8 +142,9 @@ class Display:
         for col in ("", "mean", "std", "95% CI of mean", "min", "max"):
             table.add_column(col, justify="right")
         if result.finished:
-            acc = summarize(result.accuracies)
-            secs = summarize([r.train_seconds for r in result.finished])
+            # intervals clipped to the quantities' ranges: at n = 2 a t-interval of seconds reaches far below 0
+            acc = summarize(result.accuracies, FRACTION)
+            secs = summarize([r.train_seconds for r in result.finished], NON_NEGATIVE)
             ci_acc = "n/a" if acc.ci95_low is None else f"{_pct(acc.ci95_low)} .. {_pct(acc.ci95_high)}"
             ci_secs = "n/a" if secs.ci95_low is None else f"{secs.ci95_low:.2f} .. {secs.ci95_high:.2f}"
             table.add_row("test acc %", _pct(acc.mean), _pct(acc.std), ci_acc, _pct(acc.min), _pct(acc.max))

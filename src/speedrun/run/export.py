@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def model_paths(path: str | os.PathLike) -> tuple[Path, Path]:
 
 def check_save_path(path: str | os.PathLike) -> Path:
     """Before training: refuse (ValueError) a path whose files exist or whose folder cannot be made or written.
-    Returns the path without suffix; creates nothing."""
+    Returns the path without suffix; leaves nothing behind (its probe file is removed)."""
     weights, card = model_paths(path)
     if os.path.isdir(os.fsdecode(path)):  # "models" meant as the folder to save into, most likely
         raise ValueError(f"--save {os.fsdecode(path)} is a folder; give a file name in it, such as "
@@ -72,9 +73,15 @@ def check_save_path(path: str | os.PathLike) -> Path:
     if not os.path.isdir(existing):
         raise ValueError(f"cannot save the model in {where}: {existing} is not a folder; choose "
                          "another --save path")
-    if not os.access(existing, os.W_OK | os.X_OK):  # access(2) also reports a read-only file system
-        raise ValueError(f"cannot save the model in {where}: {existing} is not writable; choose a "
-                         "writable --save path")
+    # Proved by making a file there, as the write will: access(2) passes root in /proc, where no file can be made,
+    # and says nothing of a full disk or a file system that refuses new names.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-model-", dir=existing)
+    except OSError as e:
+        raise ValueError(f"cannot save the model in {where}: cannot make a file in {existing} ({e.strerror}); "
+                         f"{files.write_fix(e)}") from None
+    os.close(fd)
+    files.unlink(probe)
     return weights.with_name(weights.name[:-len(".safetensors")])
 
 
@@ -96,6 +103,16 @@ class TrainedModel(nn.Module):
         self.smoke_test: bool = card.get("smoke_test") is True  # saved from `speedrun train --smoke`
         self.register_buffer("mean", torch.tensor(card["mean"], dtype=torch.float32))  # (C,), [0, 1] units
         self.register_buffer("std", torch.tensor(card["std"], dtype=torch.float32))
+        self.source = "this model"  # what a refusal names: load() sets the weights file
+
+    def finite(self, logits: torch.Tensor, what: str) -> torch.Tensor:
+        """`logits`, refused (one line naming the model) where any is NaN or inf: its softmax would print NaN
+        probabilities, its argmax a meaningless class. A card's ranges (model_files.py) keep a sound network's
+        finite; weights that are not (a forged file with a matching checksum) end here."""
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError(f"{self.source} gives non-finite scores (NaN or inf) for {what}: its weights do not "
+                             f"make a working network; {_FIX}")
+        return logits
 
     def train(self, mode: bool = True) -> TrainedModel:
         super().train(mode)
@@ -121,7 +138,7 @@ class TrainedModel(nn.Module):
         """Per image, the `top` classes as (name, probability), most probable first."""
         if type(top) is not int or top < 1:
             raise ValueError(f"top must be a whole number >= 1, got {top!r}")
-        probs = torch.softmax(self(images).float(), dim=1)  # (N, K)
+        probs = torch.softmax(self.finite(self(images).float(), "these images"), dim=1)  # (N, K)
         values, indices = probs.topk(min(top, len(self.classes)), dim=1)
         return [[(self.classes[i], p) for i, p in zip(ids, ps)] for ids, ps in zip(indices.tolist(), values.tolist())]
 
@@ -163,12 +180,27 @@ def check_save(save, world: dist.World, json_path=None) -> Path | None:
     return save_path
 
 
+def _card(card: dict, recipe, cfg, dataset: str, accuracy, seed, smoke: bool) -> dict:
+    return {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
+            "dataset": dataset, "accuracy": accuracy, "seed": seed, "smoke_test": smoke}
+
+
+def check_card(card: dict, recipe, cfg, dataset: str, smoke: bool) -> None:
+    """Before training with --save: refuse (ValueError) a card that save_trained would refuse after it (class
+    names a folder made that a card may not hold, say), so that no training is lost to it."""
+    full = {"format": MODEL_FORMAT, "version": MODEL_VERSION, **_card(card, recipe, cfg, os.fsdecode(dataset), None,
+                                                                      0, smoke), "weights_sha256": "0" * 64}
+    try:
+        files.expected_state(files.parse_card(full))
+    except files.Unusable as e:
+        raise ValueError(f"--save: this run's model could not be saved: its card is not valid ({e}); fix the "
+                         "data (its class names), or leave out --save") from None
+
+
 def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset: str, run, smoke: bool) -> str:
     """The last run's network saved with its card: the family's card plus the recipe, config, data, the run's
     accuracy and seed, and whether it was a smoke test (a few steps: `eval` and `predict` say so)."""
-    card = {**card, "recipe": recipe.name, "family": recipe.family, "config": dataclasses.asdict(cfg),
-            "dataset": dataset, "accuracy": run.accuracy, "seed": run.seed, "smoke_test": smoke}
-    return save_model(path, unwrap(model), card)
+    return save_model(path, unwrap(model), _card(card, recipe, cfg, dataset, run.accuracy, run.seed, smoke))
 
 
 @escaped_refusals
@@ -179,7 +211,8 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     try:
         try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting is a RecursionError
-            card = json.loads(files.read_bytes(card_path, files.MAX_CARD_BYTES).decode("utf-8"))
+            # utf-8-sig: a byte order mark (an editor's) is skipped
+            card = json.loads(files.read_bytes(card_path, files.MAX_CARD_BYTES).decode("utf-8-sig"))
         except (ValueError, RecursionError) as e:
             raise files.Unusable(f"not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
         spec = files.parse_card(card)
@@ -187,7 +220,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
     except files.Unusable as e:
         raise ValueError(f"saved model card {card_path} is unusable: {e}; {_FIX}") from None
     try:
-        blob = files.read_bytes(weights, None)
+        blob = files.read_bytes(weights, None, files.weights_size_range(expected))
         if hashlib.sha256(blob).hexdigest() != spec.sha256:  # before safetensors parses a byte of it
             raise files.Unusable("its SHA-256 is not the card's weights_sha256: the file is damaged, or the two "
                                  "files are not from one save")
@@ -202,7 +235,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         raise ValueError(f"saved model weights {weights} are unusable: {e}; {_FIX}") from None
     net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))
     net.load_state_dict(tensors)  # names, shapes and dtypes were matched above
-    return TrainedModel(net, card).to(device).eval()
+    model = TrainedModel(net, card)
+    model.source = f"saved model {weights}"
+    return model.to(device).eval()
 
 
 def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, image_size: int | None = None,
@@ -223,18 +258,44 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
         dc, dh, dw = data.image_shape
         raise ValueError(f"model {os.fsdecode(path)} takes {c}x{h}x{w} images of {k} classes, but "
                          f"{data.name} has {dc}x{dh}x{dw} images of {data.num_classes} classes; evaluate "
-                         f"it on data like its training set (an image folder's images are resized to {h}x{h} by "
-                         f"--image-size {h})")
+                         f"it on data like its training set{_resize_advice(data, model)}")
     if list(data.classes) != model.classes:
         i = next(i for i, (a, b) in enumerate(zip(data.classes, model.classes)) if a != b)
         warn(f"{data.name}'s class {i} is {data.classes[i]!r} but the model's is "
              f"{model.classes[i]!r}; the accuracy takes label i to mean the model's class i")
     with torch.no_grad():
-        accuracy = evaluate(model.net, data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
+        accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
                             std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
                             batch_size=batch_size)
     return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
             "model": os.fsdecode(path), "smoke_test": model.smoke_test}
+
+
+def _resize_advice(data, model: TrainedModel) -> str:
+    """The --image-size advice for data whose images are not the model's size, where it can work: the model's
+    images are square (--image-size makes squares), the classes agree, and the data at that size fits the limit
+    (data/limits.py) that loading it would be held to; else what stops it."""
+    (_, h, w), (_, dh, dw) = model.image_shape, data.image_shape
+    if h != w or (dh, dw) == (h, w) or data.num_classes != len(model.classes):
+        return ""
+    # folder.py decodes every image of both splits to RGB: 3 bytes a pixel
+    images = len(data.train_labels) + len(data.test_labels)
+    need, limit = images * 3 * h * w, limits.max_dataset_bytes()
+    if need > limit:
+        return (f" (resized to {h}x{w} by --image-size {h}, its {images:,} images would take {need:,} bytes, over "
+                f"the limit of {limit:,} (SPEEDRUN_MAX_DATA_BYTES): evaluate it on a folder of fewer images)")
+    return f" (an image folder's images are resized to {h}x{h} by --image-size {h})"
+
+
+class _Finite(nn.Module):
+    """A saved model's network that refuses non-finite logits (TrainedModel.finite), for engine evaluate."""
+
+    def __init__(self, model: TrainedModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.finite(self.model.net(x), "its evaluation images")
 
 
 def _user_image(file: str) -> None:

@@ -22,6 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +44,18 @@ MODEL_VERSION = 1
 # within limits.MAX_CLASSES of names up to a few dozen characters, and bounds what a hostile card makes us parse.
 MAX_CARD_BYTES = 16 * 2**20
 MAX_CLASS_NAME_CHARS = 1024  # a folder name (255 bytes) after errors.printable's escapes
+# A card's normalization is of pixel values in [0, 1] (uint8 / 255, as loader.normalize): a channel's mean lies in
+# [0, 1] and its std at most ~0.71 (the unbiased std of two pixels, 0 and 1). The smallest std a card is written with
+# is loader.channel_stats' floor for a constant channel, sqrt(1e-12) = 1e-6 (9.99999997e-7 in float32); from 1e-7 up
+# (x - mean) / std stays within 1e7, finite in float32. A float32 subnormal (1e-45) turns it into inf and NaN.
+MEAN_RANGE = (0.0, 1.0)
+STD_RANGE = (1e-7, 1.0)
+MAX_SEED = 2**63  # a seed torch.manual_seed takes: [0, 2**63)
+# The safetensors header of a state_dict (an 8-byte length, then JSON): per tensor its quoted name, dtype, shape
+# and two offsets (each number at most 20 digits), plus the format's metadata and padding to 8 bytes. The weights
+# file must be the tensors' bytes plus at most this, so a file of another size is refused before it is read.
+HEADER_BYTES_BASE = 8 + 4096
+HEADER_BYTES_PER_TENSOR = 128  # "name":{"dtype":"F32","shape":[...],"data_offsets":[A,B]}, besides name and shape
 
 
 class Unusable(Exception):
@@ -94,26 +107,32 @@ def parse_card(card: Any) -> CardSpec:
     classes = card.get("classes")
     need(isinstance(classes, list) and 2 <= len(classes) <= limits.MAX_CLASSES,
          f"classes must be a list of 2 to {limits.MAX_CLASSES:,} names, got {_shown(classes)}")
+    seen: dict[str, int] = {}
     for i, c in enumerate(classes):
         need(isinstance(c, str) and 0 < len(c) <= MAX_CLASS_NAME_CHARS and c.isprintable(),
              f"class {i} is {_shown(c)}: names are printable strings of 1 to {MAX_CLASS_NAME_CHARS} characters")
+        # NFC: "é" as one code point or as e + a combining accent is one name on screen
+        first = seen.setdefault(unicodedata.normalize("NFC", c), i)
+        need(first == i, f"class {i} {_shown(c)} is class {first}'s name again (after Unicode NFC normalization): "
+                         "its predictions could not be told apart; names must be distinct")
     shape = card.get("image_shape")
     need(isinstance(shape, list) and len(shape) == 3 and all(type(v) is int for v in shape) and 1 <= shape[0] <= 4
          and all(1 <= v <= limits.MAX_IMAGE_SIDE_PX for v in shape[1:]),
          f"image_shape must be [C, H, W], C in 1..4, sides 1 to {limits.MAX_IMAGE_SIDE_PX} px; got {_shown(shape)}")
-    for key in ("mean", "std"):  # held as float32: 1e39 is a finite float here, inf there
+    for key, (low, high) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
         v = card.get(key)
-        need(isinstance(v, list) and len(v) == shape[0] and all(_finite(x) for x in v)
-             and bool(torch.isfinite(torch.tensor(v, dtype=torch.float32)).all())
-             and (key == "mean" or bool((torch.tensor(v, dtype=torch.float32) > 0).all())),
-             f"{key} must be {shape[0]} finite numbers (one per channel{', > 0' * (key == 'std')}), got {_shown(v)}")
+        # checked as float32 too, the dtype the model holds them in: its rounding must stay in the range
+        need(isinstance(v, list) and len(v) == shape[0] and all(_finite(x) and low <= x <= high for x in v)
+             and all(low <= x <= high for x in torch.tensor(v, dtype=torch.float32).tolist()),
+             f"{key} must be {shape[0]} finite numbers (one per channel{', > 0' * (key == 'std')}), each in "
+             f"[{low:g}, {high:g}] as for pixel values in [0, 1]; got {repr(v)[:80]}")
     need(type(card.get("tta_level")) is int and card["tta_level"] in (0, 1, 2),
          f"tta_level must be 0, 1 or 2, got {_shown(card.get('tta_level'))}")
     need(isinstance(card.get("dataset"), str), f"dataset must be a string, got {_shown(card.get('dataset'))}")
-    need(card.get("accuracy") is None or _finite(card["accuracy"]),
-         f"accuracy must be a number or null, got {_shown(card.get('accuracy'))}")
-    need(card.get("seed") is None or type(card["seed"]) is int,
-         f"seed must be an integer or null, got {_shown(card.get('seed'))}")
+    need(card.get("accuracy") is None or (_finite(card["accuracy"]) and 0 <= card["accuracy"] <= 1),
+         f"accuracy must be a fraction in [0, 1] or null, got {_shown(card.get('accuracy'))}")
+    need(card.get("seed") is None or (type(card["seed"]) is int and 0 <= card["seed"] < MAX_SEED),
+         f"seed must be an integer in [0, 2**63) or null, got {_shown(card.get('seed'))}")
     need(type(card.get("smoke_test")) in (type(None), bool),
          f"smoke_test must be true, false or absent, got {_shown(card.get('smoke_test'))}")
     sha = card.get("weights_sha256")
@@ -137,6 +156,15 @@ def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:
     return net.state_dict()
 
 
+def weights_size_range(expected: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(fewest, most) bytes a safetensors file of the `expected` state_dict may take: its tensors' bytes plus the
+    header (HEADER_BYTES_*). The tensors are on the meta device: their sizes cost nothing."""
+    data = sum(t.numel() * t.element_size() for t in expected.values())
+    header = HEADER_BYTES_BASE + sum(HEADER_BYTES_PER_TENSOR + len(k.encode()) + 21 * t.dim()
+                                     for k, t in expected.items())
+    return data + 8, data + header
+
+
 def match_state(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
     for key, want in expected.items():
         have = got.get(key)
@@ -150,8 +178,9 @@ def match_state(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor])
         raise Unusable(f"it holds a tensor {extra[0][:80]!r} that the card's network does not have")
 
 
-def read_bytes(path: Path, limit: int | None) -> bytes:
-    """The whole file, at most `limit` bytes (else as much as memory holds three times: bytes, tensors, network)."""
+def read_bytes(path: Path, limit: int | None, size_range: tuple[int, int] | None = None) -> bytes:
+    """The whole file, at most `limit` bytes (else as much as memory holds three times: bytes, tensors, network);
+    with `size_range` (weights_size_range), a file of another size is refused before a byte is read."""
     shown = str(path)
     try:
         st = os.stat(path)
@@ -164,6 +193,9 @@ def read_bytes(path: Path, limit: int | None) -> bytes:
         raise Unusable("not a regular file")
     if limit is not None and st.st_size > limit:
         raise Unusable(f"{st.st_size:,} bytes, over the {limit:,} a model card may take")
+    if size_range is not None and not size_range[0] <= st.st_size <= size_range[1]:
+        raise Unusable(f"not a valid safetensors file of the card's network: {st.st_size:,} bytes, where its tensors "
+                       f"and header take {size_range[0]:,} to {size_range[1]:,}")
     if limit is None:
         limits.check_memory(3 * st.st_size, f"loading {shown}", "load it on a machine with more memory")
     try:
@@ -200,14 +232,23 @@ def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor]
         raise
     except (OSError, safetensors.SafetensorError, TypeError, ValueError) as e:  # ValueError: a NaN in the card
         reason = getattr(e, "strerror", None) or str(e)[:200]
-        raise ValueError(f"could not write the model {shown} ({reason}); free disk space or choose another --save "
-                         "path") from None
+        raise ValueError(f"could not write the model {shown} ({reason}); {write_fix(e)}") from None
     finally:
         for p in [*temps, *made]:  # the temp files, and a weights file whose card could not follow it
-            _unlink(p)
+            unlink(p)
 
 
-def _unlink(path: str | Path) -> None:
+def write_fix(error: BaseException) -> str:
+    """What to do about a failure to write a model: free disk space only where the disk (or quota) is full."""
+    number = getattr(error, "errno", None)
+    if number in (errno.ENOSPC, errno.EDQUOT):
+        return "free disk space or choose another --save path"
+    if number in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "choose a writable --save path"
+    return "choose another --save path"
+
+
+def unlink(path: str | Path) -> None:
     try:
         os.unlink(path)
     except OSError:
@@ -253,7 +294,7 @@ def _publish(tmp: str, final: Path) -> None:
                     dst.flush()
                     os.fsync(dst.fileno())
             except BaseException:
-                _unlink(final)  # ours, partly written
+                unlink(final)  # ours, partly written
                 raise
 
 

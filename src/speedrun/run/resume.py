@@ -14,23 +14,26 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from speedrun import dist
-from speedrun.engine.checkpoint import (CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
+from speedrun.engine.checkpoint import (AFRESH, CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
                                         load_checkpoint, save_checkpoint)
 from speedrun.engine.loop import RunResult
+from speedrun.errors import warn
 from speedrun.paths import user_path
-from speedrun.records.result_file import load_result
+from speedrun.records import db as results_db
+from speedrun.records.result_file import RUN_RANGES, check_train_result, load_result, portable
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
 # Checkpoints per run when --checkpoint-every is not given (and always one at the run's last step).
 DEFAULT_CHECKPOINTS_PER_RUN = 10
 
 
-def check_precision(saved: dict, meta: dict, path: Path) -> None:
+def check_precision(saved: dict, meta: dict, path: Path, afresh: str = AFRESH) -> None:
     """A resumed run continues at the precision its checkpoint ran at. precision=auto may resolve otherwise here
     (another device, or a version whose auto differs, as for a CPU with native bf16): then the line names the
     --set that continues it as it began. A checkpoint that predates the record ran at what auto meant then: bf16
@@ -43,7 +46,7 @@ def check_precision(saved: dict, meta: dict, path: Path) -> None:
     if used != meta.get("precision_used"):
         raise ValueError(f"checkpoint {path.name} ran in {used[:10]} (precision={str(asked)[:10]}); this run would "
                          f"run in {meta.get('precision_used')}: add --set precision={used[:10]} to continue it as it "
-                         "began, or start afresh without --resume")
+                         f"began, or {afresh}")
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Plan:
     every_steps: int | None
     keep: int
     resume: str | None  # "auto", a checkpoint path, or None
+    passed_over: list[str] = field(default_factory=list)  # why each newer checkpoint was unusable (rank 0's)
 
     @classmethod
     def make(cls, checkpoint_dir, every_steps: int | None, keep: int, resume, world: dist.World) -> Plan:
@@ -82,19 +86,40 @@ class Plan:
         dist.main_first(world, check_folder, everyone=False)
         return cls(directory, every_steps, keep, resume)
 
+    def afresh(self) -> str:
+        """How to start afresh instead of resuming, for the flags given: each way works as said (a command without
+        --resume refuses a --checkpoint-dir that holds checkpoints, and --resume auto resumes from them)."""
+        if self.directory is not None and list_checkpoints(self.directory):
+            elsewhere = f"in a new --checkpoint-dir (or remove the checkpoints in {self.directory})"
+            return f"start afresh {elsewhere}" if self.resume == "auto" else \
+                f"start afresh without --resume, {elsewhere}"
+        return "start afresh without --resume"
+
     def find(self, world: dist.World, log: Callable[[str], None]) -> Found | None:
-        """The checkpoint to resume: rank 0 chooses (the newest usable one), every process loads that file."""
+        """The checkpoint to resume: rank 0 chooses (the newest usable one), every process loads that file. Each
+        newer one passed over as unusable is kept in passed_over, a warning once check_found accepts the one
+        chosen: the command then resumes from an earlier step than the newest, which the user must see even with
+        --quiet, while a refusal stays its one line."""
         if self.resume is None:
             return None
         where = self.directory if self.resume == "auto" else user_path(self.resume, "--resume")
-        found = dist.main_first(world, lambda: find_checkpoint(where, log), everyone=False)
+        found = dist.main_first(world, lambda: find_checkpoint(where, self.passed_over.append, self.afresh()),
+                                everyone=False)
         chosen = dist.broadcast_object(None if found is None else str(found[2]), world)
         if not world.is_main and chosen is not None:
             state, meta = load_checkpoint(chosen)
             found = (state, meta, Path(chosen))
         if found is None and self.resume != "auto":
-            raise ValueError(f"no checkpoint in {where} to resume; give a checkpoint file or folder "
-                             "(--resume), or --resume auto to start afresh when there is none yet")
+            # --resume auto only with a folder (Plan.make), and starting afresh only where it holds no checkpoints
+            if self.directory is None:
+                other = "or start afresh without --resume"
+            elif list_checkpoints(self.directory):
+                other = (f"or --resume auto to continue from the newest checkpoint in {self.directory}, or start "
+                         "afresh without --resume in a new --checkpoint-dir")
+            else:
+                other = "or start afresh (without --resume, or with --resume auto)"
+            raise ValueError(f"no checkpoint in {where} to resume; give --resume an existing checkpoint file or a "
+                             f"folder holding them, {other}")
         if found is None:
             log(f"no checkpoint in {where} yet: starting afresh")
         else:
@@ -110,21 +135,36 @@ class Plan:
         if found is None:
             return 0, None, []
         state, saved, path = found
-        check_precision(saved, meta, path)
+        afresh = self.afresh()
+        check_precision(saved, meta, path, afresh)
         # The dataset as typed may differ (a relative path, say): its content is in meta["data"]. The precision
         # asked for may differ where it resolves to the one the checkpoint ran at (check_precision).
-        check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type"})
+        check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type"},
+                         afresh)
+        # A file named by --resume is the user's, not ours to suggest deleting; one found by auto is passed over
+        # for the one before it once deleted.
+        fix = afresh if self.resume != "auto" else f"delete it to resume from the one before, or {afresh}"
+        # Checked whole before any of it is adopted: its finished runs become this command's result, and its
+        # state's history the resumed run's rows; nothing of a checkpoint refused here reaches a file or a row.
         try:
             run = saved["run"]
-            finished = _check_finished(saved["finished"], meta["seed"])
-            if not isinstance(run, int) or isinstance(run, bool) or run < 0 or len(finished) != run:
+            if not _integer(run, 0, 2**62):
                 raise TypeError("run index")
+            finished = _check_finished(saved["finished"], meta["seed"])
+            if len(finished) != run:
+                raise TypeError(f"{len(finished)} finished run(s) before run index {run}")
         except (KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"checkpoint {path.name} has malformed run records ({e}); delete it "
-                                  "or start afresh without --resume") from None
+            raise CheckpointError(f"checkpoint {path.name} has malformed run records ({e}); {fix}") from None
+        try:
+            _check_loop_state(state, saved.get("step"))
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint {path.name} does not fit this run (its training state: {e}); "
+                                  f"{fix}") from None
         if run >= runs:
             raise ValueError(f"checkpoint {path.name} is of run {run + 1}, but --runs {runs} ends before "
                              f"it; ask for at least {run + 1} runs")
+        for line in self.passed_over:
+            warn(line)
         return run, state, finished
 
     def continued_result(self, found: Found | None, asked) -> Path | None:
@@ -151,6 +191,58 @@ class Plan:
             return None
         return path
 
+    def finished_job(self, found: Found | None, runs: int, expected: dict, may_differ: frozenset[str],
+                     database: sqlite3.Connection | None, world: dist.World) -> dict | None:
+        """The result of the job whose checkpoints --resume auto found, when that job has finished; None when there
+        is anything left to run. `expected`: this command's recipe, dataset, config and seed; may_differ: the
+        config fields a resume may change (the family's MAY_DIFFER_ON_RESUME).
+
+        A requeued job (a scheduler running its script again, --resume auto and all) must neither train again nor
+        store its result a second time: it is told where its result is, and the command does nothing. Finished
+        means, from the checkpoint's meta and the result file it names: the newest checkpoint is of the last run
+        this command asks for (run index runs - 1, the runs before it finished), and that file holds the whole job,
+        complete, with this many runs asked for, its runs before the last the checkpoint's own and its last run
+        ending at the checkpoint's step (a run's steps are its total, and its last checkpoint is at its last step).
+        A newest checkpoint from before the end (the last one unusable) continues from there instead; so does one
+        whose run ended without its result written (killed in its final evaluation): what it lacks is run again.
+        Another job's checkpoint (a setting differs) is not this job's: check_found names the setting. The result's
+        database id is looked up by its content (insert_result stores a result once: a file whose row was never
+        stored, where storing failed, is stored now). Rank 0 decides and warns (shown with --quiet); every process
+        returns the same answer."""
+        def decide() -> dict | None:
+            if found is None or self.resume != "auto":
+                return None  # a file named by --resume is resumed as asked (a re-score of its last run, say)
+            _, meta, path = found
+            try:
+                check_compatible(meta, expected, path, may_differ)
+                if not (isinstance(meta.get("result_path"), str) and meta.get("run") == runs - 1
+                        and type(meta.get("run")) is int and _integer(meta.get("step"), 1, 2**62)):
+                    return None
+                before = _check_finished(meta.get("finished"), expected["seed"])
+                result = check_train_result(load_result(meta["result_path"]))
+                ended = [_check_run(r, expected["seed"] + i) for i, r in enumerate(result["runs"])]
+            except (OSError, ValueError, TypeError, KeyError):
+                return None  # anything amiss: resume as for any other checkpoint, which checks it in full
+            if not (result.get("complete") is True and result.get("runs_requested") == runs and len(ended) == runs
+                    and [result.get(k) for k in ("recipe", "dataset", "config")]
+                    == [meta.get("recipe"), meta.get("dataset"), _as_json(meta.get("config"))]
+                    and result["runs"][:-1] == portable([r.to_dict() for r in before])
+                    and ended[-1].steps == meta["step"]):
+                return None
+            stored = None
+            if database is not None:
+                try:
+                    stored = results_db.insert_result(database, portable(result), source=meta["result_path"])
+                except (ValueError, OSError, sqlite3.Error):
+                    pass  # the file is the result; the line just names no row
+            warn(f"the job in {self.directory} finished: its result is {meta['result_path']}"
+                 + (f" (#{stored})" if stored is not None else "")
+                 + "; nothing was run again (a new --checkpoint-dir starts it afresh)")
+            return result
+
+        done = dist.broadcast_object(dist.main_first(world, decide, everyone=False), world)
+        return done  # the result file's dict (run/session.Result.from_dict reads it)
+
     def checkpoints(self, meta: dict, result_path, world: dist.World) -> Checkpoints | None:
         if self.directory is None:
             return None
@@ -163,25 +255,117 @@ def _as_json(value):
     return json.loads(json.dumps(value))
 
 
+def _number(x, low: float = 0.0, high: float = math.inf, none: bool = False) -> bool:
+    return (x is None and none) or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                    and low <= x <= high)
+
+
+def _integer(x, low: int, high: int) -> bool:
+    return type(x) is int and low <= x <= high
+
+
+# A row of a run's per-epoch table, as the loops write it (engine/loop.py's last_batch_row and Steps.final, the
+# families' table_row): where it was taken, the last batch's loss and accuracy (None where a family does not
+# count it), the test accuracy (None between epochs, or with eval_each_epoch off) and the timed seconds so far;
+# imagenet's rows add the resolution of its ramp.
+_ROW_KEYS = frozenset({"epoch", "step", "train_loss", "train_acc", "val_acc", "train_seconds"})
+_ROW_EXTRA = frozenset({"res_px"})
+# Epochs a row may be at: a batch larger than the data spans several epochs a step, so a row's epoch may exceed
+# the run's; a bound against nonsense, far beyond any run.
+_MAX_ROW_EPOCH = 1e9
+_RUN_KEYS = frozenset({"seed", "accuracy", "train_seconds", "epochs", "steps", "diverged", "history"})
+_DIVERGED_KEYS = frozenset({"step", "total_steps", "loss", "lr", "message"})  # engine/loop.py's Diverged.to_dict
+
+
+def _check_row(row, steps: int) -> str | None:
+    """Why `row` is not a row of a run of `steps` steps, or None."""
+    if not isinstance(row, dict):
+        return "not a row of the per-epoch table"
+    if not _ROW_KEYS <= row.keys() <= _ROW_KEYS | _ROW_EXTRA:
+        odd = sorted(map(repr, (row.keys() - _ROW_KEYS - _ROW_EXTRA) | (_ROW_KEYS - row.keys())))
+        return f"not the per-epoch table's columns ({odd[0][:40]})"
+    def fraction(x) -> bool:
+        return _number(x, *RUN_RANGES["accuracy"], none=True)
+
+    def loss(x) -> bool:  # inf or NaN too: on CUDA the finite-loss check reads each step's loss a step late
+        return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and (math.isnan(x) or x >= 0))
+
+    checks = {"epoch": lambda x: _number(x, 0, _MAX_ROW_EPOCH), "step": lambda x: _integer(x, 0, steps),
+              "train_loss": loss, "train_acc": fraction, "val_acc": fraction,
+              "train_seconds": lambda x: _number(x, *RUN_RANGES["train_seconds"]),
+              "res_px": lambda x: _integer(x, 1, 2**20)}
+    for key, value in row.items():
+        if not checks[key](value):
+            return f"{key}={value!r:.40} out of range"
+    return None
+
+
+def _check_run(r, seed: int) -> RunResult:
+    """A finished run's record (a checkpoint's, or a result file's), checked field by field as a train result's
+    runs are (records/result_file.py's check_train_result, RUN_RANGES), and every row of its history; else a
+    TypeError saying what is wrong."""
+    if not isinstance(r, dict):
+        raise TypeError("not a run record")
+    if not _RUN_KEYS - {"diverged"} <= r.keys() <= _RUN_KEYS:
+        odd = sorted(map(repr, (r.keys() - _RUN_KEYS) | (_RUN_KEYS - {"diverged"} - r.keys())))
+        raise TypeError(f"not a run record's fields ({odd[0][:40]})")
+    if type(r["seed"]) is not int or r["seed"] != seed:
+        raise TypeError(f"seed={r['seed']!r:.40}, not {seed}")
+    diverged = r.get("diverged")
+    if diverged is None:
+        ok = (_number(r["accuracy"], *RUN_RANGES["accuracy"]) and _number(r["train_seconds"],
+                                                                          *RUN_RANGES["train_seconds"]))
+    else:
+        ok = (isinstance(diverged, dict) and diverged.keys() <= _DIVERGED_KEYS and r["accuracy"] is None
+              and r["train_seconds"] is None and all(_integer(diverged.get(k, 0), 0, 2**62) for k in
+                                                     ("step", "total_steps"))
+              and all(isinstance(diverged.get(k, ""), str) and len(diverged.get(k, "")) <= 1000
+                      for k in ("loss", "message"))
+              and (diverged.get("lr") is None or isinstance(diverged["lr"], (int, float))))
+    if not (ok and _number(r["epochs"], 0, _MAX_ROW_EPOCH) and _integer(r["steps"], 0, 2**62)):
+        raise TypeError("accuracy, timed seconds, divergence, epochs or steps out of range")
+    if not isinstance(r["history"], list):
+        raise TypeError("its history is not a list")
+    for j, row in enumerate(r["history"]):
+        why = _check_row(row, r["steps"])
+        if why is not None:
+            raise TypeError(f"history row {j + 1}: {why}")
+    return RunResult.from_dict({"diverged": None, **r})
+
+
 def _check_finished(records, first_seed: int) -> list[RunResult]:
     """The runs a checkpoint lists as finished, checked like any field of a file from elsewhere."""
-    def number(x, low=0.0, high=math.inf, none=False) -> bool:
-        return (x is None and none) or (isinstance(x, (int, float)) and not isinstance(x, bool)
-                                        and math.isfinite(x) and low <= x <= high)
-
     if not isinstance(records, list):
         raise TypeError("'finished' is not a list")
     runs = []
     for i, r in enumerate(records):
-        ok = (isinstance(r, dict) and r.get("seed") == first_seed + i and number(r.get("accuracy"), 0, 1, True)
-              and number(r.get("train_seconds"), none=True) and number(r.get("epochs"))
-              and isinstance(r.get("steps"), int) and r["steps"] >= 0 and isinstance(r.get("history"), list)
-              and all(isinstance(h, dict) for h in r["history"]) and isinstance(r.get("diverged"), (dict, type(None)))
-              and (r.get("diverged") is None) == (r.get("accuracy") is not None))
-        if not ok:
-            raise TypeError(f"finished run {i + 1}")
-        runs.append(RunResult.from_dict(r))
+        try:
+            runs.append(_check_run(r, first_seed + i))
+        except TypeError as e:
+            raise TypeError(f"finished run {i + 1}: {e}") from None
     return runs
+
+
+def _check_loop_state(state: dict, step) -> None:
+    """The bookkeeping every family's state holds (engine/loop.py's LoopState.loop_state), checked as the loop
+    restores it and against the checkpoint's own step: its history becomes the resumed run's rows. A TypeError
+    says what is wrong. The family's own parts (model, optimizers, generators) are the family's to check as it
+    loads them (checkpoint.restoring)."""
+    if not isinstance(state, dict):
+        raise TypeError("not a training state")
+    if not _integer(step, 0, 2**62) or state.get("step") != step or type(state.get("step")) is not int:
+        raise TypeError(f"step {str(state.get('step'))[:20]}, while the checkpoint is of step {str(step)[:20]}")
+    if not _number(state.get("seconds"), *RUN_RANGES["train_seconds"]):
+        raise TypeError(f"timed seconds {str(state.get('seconds'))[:20]} out of range")
+    if not _integer(state.get("epochs_done"), 0, 2**62):
+        raise TypeError("epochs done out of range")
+    history = state.get("history")
+    if not isinstance(history, list):
+        raise TypeError("its history is not a list")
+    for j, row in enumerate([*history, *([] if state.get("last_batch") is None else [state["last_batch"]])]):
+        why = _check_row(row, step)
+        if why is not None:
+            raise TypeError(f"{'history row ' + str(j + 1) if j < len(history) else 'last batch'}: {why}")
 
 
 def _check_writable_dir(directory: Path) -> None:

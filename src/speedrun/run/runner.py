@@ -8,12 +8,14 @@ model (export.py); session.py keeps the result file, the database row and what i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,27 +67,59 @@ def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any])
 
 def _tuned(settings, recipe: Recipe, device: str) -> tuple[dict[str, str], dict | None]:
     """The overrides of the settings file (`settings`, else $SPEEDRUN_SETTINGS; False: none, whatever the
-    environment says) for a run of `recipe` on `device`, each value checked against the recipe's config now, and
-    what the result records of it. Every refusal names the file and where it came from."""
+    environment says) for a run of `recipe` on `device`, each key checked to be a performance setting and the
+    recipe's config with them applied validated now, while the file is known. What the result records of it.
+    Every refusal names the file, where it came from, the values at fault and the fix."""
     source = "--settings"
     if settings is None and os.environ.get("SPEEDRUN_SETTINGS"):
         settings, source = os.environ["SPEEDRUN_SETTINGS"], settings_file.ENVIRONMENT
     if settings is None or settings is False:
         return {}, None
     asked = resolve_device(device)
+    where = f"settings file {os.fspath(settings)} ({source})"
+    fix = settings_file.leave_out(source)
     try:
         tuned, used = settings_file.overrides_from(settings, recipe.name, asked.type,
                                                    environment(asked)["device_name"], source)
-        apply_overrides(recipe.make_config(), tuned)
-    except ValueError as e:
-        where = f"settings file {os.fspath(settings)}"
-        text = str(e) if str(e).startswith(where) else f"{where}: {e}"
-        if f"({source})" not in text:
-            text = text.replace(where, f"{where} ({source})", 1)
-        if source == settings_file.ENVIRONMENT and "SPEEDRUN_SETTINGS" not in text.split(f"({source})", 1)[1]:
-            text += "; or unset SPEEDRUN_SETTINGS"
-        raise ValueError(text) from None
+    except ValueError as e:  # the file itself refused (named, with its fix): say where it came from
+        named, text = f"settings file {os.fspath(settings)}", str(e)
+        if where not in text:
+            text = text.replace(named, where, 1) if text.startswith(named) else f"{where}: {text}"
+        raise ValueError(text if fix in text else f"{text}, or {fix}") from None
+    base = recipe.make_config()
+    try:
+        settings_file.check_keys(tuned, {f.name for f in dataclasses.fields(base)})
+    except ValueError as e:  # its text says which key and to remove it
+        raise ValueError(f"{where}: {e}; or {fix}") from None
+    try:
+        apply_overrides(base, tuned).validate()
+    except ValueError as e:  # a value of the file refused: which, and what to do
+        values = settings_file.named_values(str(e), tuned)
+        raise ValueError(f"{where}: {e}" + (f" (the file sets {values})" if values else "")
+                         + f"; edit the file, or {fix}") from None
     return tuned, used
+
+
+@contextlib.contextmanager
+def _naming_settings(used: dict | None, applied: dict[str, str]) -> Iterator[None]:
+    """A refusal (ValueError) inside whose text names a key the settings file set (and --set did not override)
+    says so: the value, the file, where it came from and the fix; alone it would read as if the user had set it."""
+    try:
+        yield
+    except ValueError as e:
+        values = settings_file.named_values(str(e), applied) if used is not None else ""
+        if not values:
+            raise
+        raise ValueError(f"{e} ({values} from settings file {used['file']} ({used['source']}); edit the file, or "
+                         f"{settings_file.leave_out(used['source'])})") from None
+
+
+def _settings_line(used: dict, applied: dict[str, str]) -> str:
+    """The line that says which settings file a run applied and what it set (the result records the same)."""
+    set_text = ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing"
+    overridden = sorted(set(used["settings"]) - set(applied))
+    return (f"settings: {used['file']} ({used['source']}) applied: {set_text}"
+            + (f" (--set gave {', '.join(overridden)})" if overridden else ""))
 
 
 def count_flops(family, cfg, data) -> RunFlops | None:
@@ -132,8 +166,9 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     strict: refuse to train (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
     without it each is a warning, and every result lists them (environment.debug_apis).
     settings: a settings file written by `speedrun tune --apply` (None: $SPEEDRUN_SETTINGS, if set; False: none):
-    its values apply under the overrides, and the result records them; a file for another recipe or device type
-    is refused (one from the environment is skipped with a warning).
+    its values (tune's performance settings only: settings_file.KEYS) apply under the overrides, a line says so, and
+    the result records them; a file for another recipe or device type is refused (one from the environment is
+    skipped with a warning), and so is any refusal its values cause, naming the file.
     db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened and
     migrated before any work; a failure to store it later is a warning (the JSON file has it).
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
@@ -163,7 +198,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     if checkpoint_every is not None:
         checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
     tuned, settings_used = _tuned(settings, rec, device)
-    cfg = make_config(rec, epochs, {**tuned, **(overrides or {}), **config_overrides})
+    given = {**(overrides or {}), **config_overrides}
+    applied = {k: v for k, v in tuned.items() if k not in given}  # --set wins over the file
+    with _naming_settings(settings_used, applied):
+        cfg = make_config(rec, epochs, {**tuned, **given})
     cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
     world = dist.from_env()
     dev = dist.device_for(world, resolve_device(device))
@@ -182,6 +220,14 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
                 database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
+            done = plan.finished_job(found, runs, {"recipe": rec.name, "dataset": dataset,
+                                                   "config": dataclasses.asdict(cfg), "seed": seed},
+                                     family.MAY_DIFFER_ON_RESUME, database, world)
+            if done is not None:  # --resume auto in a job that finished: its result, nothing run or stored again
+                done = Result.from_dict(done)
+                show.summary(done)
+                in_step = True
+                return done
             if json_path is not None:  # claimed now by rank 0: an existing or unwritable path fails early
 
                 def claim():
@@ -197,18 +243,26 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=image_size,
                                                                    log=show.line))
             data_seconds = time.perf_counter() - start
-            if smoke:
-                cfg, data = family.smoke(cfg, data)
-            for message in family.check(cfg, data, dev, world):
-                warn(message)
-            system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
+            if getattr(data, "unofficial", "") and data_dir is not None:
+                # A copy of a named dataset that is not its published files (data/sources.py warned): recorded
+                # under the path it came from, so it never enters the named dataset's leaderboard.
+                dataset = os.fspath(data_dir)
+            with _naming_settings(settings_used, applied):  # a batch_size from the file too large here, say
+                if smoke:
+                    cfg, data = family.smoke(cfg, data)
+                for message in family.check(cfg, data, dev, world):
+                    warn(message)
+                system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
+            if save_path is not None and world.is_main:  # what the save would refuse, refused before training
+                export.check_card(family.model_card(cfg, data), rec, cfg, dataset, smoke)
             # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
             meta = None if plan.directory is None and found is None else {
                 "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
                 "data": family.data_signature(data), "seed": seed,
                 # what precision=auto resolved to here: a resumed run must continue at the precision it began with
                 "device_type": dev.type, "precision_used": system.precision}
-            first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
+            with _naming_settings(settings_used, applied):
+                first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
             show.line(f"device: {dev.type} ({env['device_name']})"
@@ -216,6 +270,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                       + (f"; {world.size} processes on {world.nodes} node(s), {world.backend}" if world.size > 1
                          else ""))
             show.line(f"data: {family.describe(data)} ({data_seconds:.1f} s to load)")
+            if settings_used is not None:  # it changes the run unseen otherwise ($SPEEDRUN_SETTINGS is set once)
+                show.line(_settings_line(settings_used, applied))
             for note in family.notes(cfg, data, smoke):
                 show.line(note)
             result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg),

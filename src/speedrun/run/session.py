@@ -20,7 +20,7 @@ from speedrun.errors import note_kept, warn
 from speedrun.records import cost
 from speedrun.records import db as results_db
 from speedrun.records.result_file import portable, write_json
-from speedrun.records.stats import summarize
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, summarize
 from speedrun.run.display import Display
 
 
@@ -57,6 +57,8 @@ class Result:
     peaks: dict | None = None  # this device's measured peaks (engine/peak.py's cache; None: never measured here)
     settings: dict | None = None  # the settings file applied (records/settings_file.py), and its values
     model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
+    # A result read back from its file (from_dict): the MFU it recorded, against the peak measured then
+    recorded_mfu: dict | None = field(default=None, repr=False)
 
     @property
     def finished(self) -> list[RunResult]:
@@ -101,6 +103,8 @@ class Result:
     def mfu(self) -> dict | None:
         """A run's FLOPs over its mean timed seconds, against this device's peak (every process's device: the
         FLOPs are the global batch's); None without FLOPs or a finished run."""
+        if self.recorded_mfu is not None:
+            return self.recorded_mfu
         if self.flops is None or not self.finished or self.precision is None:
             return None
         seconds = summarize([r.train_seconds for r in self.finished]).mean
@@ -113,9 +117,50 @@ class Result:
         except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
             return None
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Result:
+        """The Result a result file holds (`d` as to_dict() wrote it, its runs checked by the caller: resume.py's
+        finished job). Its cost and FLOPs are the file's figures, kept as they are; the model is not in a file."""
+        def get(key, types, default=None):
+            value = d.get(key)
+            return value if isinstance(value, types) and not (isinstance(value, bool) and bool not in types) \
+                else default
+
+        flops = get("flops", (dict,))
+        try:
+            run_flops = None if flops is None else RunFlops(train=int(flops["train"]), steps=int(flops["steps"]),
+                                                             evaluation=int(flops["evaluation"]),
+                                                             counted=str(flops["counted"]))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            run_flops = None
+        recorded_mfu = get("mfu", (dict,))
+        try:  # the summary shows it with peak.mfu_text: one it cannot show is left out
+            if recorded_mfu is not None:
+                peak.mfu_text(recorded_mfu)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            recorded_mfu = None
+        price = get("cost", (dict,))
+        try:
+            price = None if price is None else cost.Price(float(price["price_per_hour"]), str(price["price_source"]))
+        except (KeyError, TypeError, ValueError):
+            price = None
+        return cls(recipe=get("recipe", (str,), ""), dataset=get("dataset", (str,), ""),
+                   device=get("device", (str,), ""), config=get("config", (dict,), {}),
+                   runs=[RunResult.from_dict(r) for r in d["runs"]], environment=get("environment", (dict,), {}),
+                   data_seconds=get("data_seconds", (int, float), 0.0),
+                   warmup_seconds=get("warmup_seconds", (int, float), 0.0),
+                   interrupted=get("interrupted", (bool,), False), complete=get("complete", (bool,), False),
+                   runs_requested=get("runs_requested", (int,), 0), smoke_test=get("smoke_test", (bool,), False),
+                   image_size=get("image_size", (int,)), command=get("command", (str,)),
+                   timed_region=get("timed_region", (str,), ""), world=get("world", (dict,), dist.World().to_dict()),
+                   resumed_from=[str(x) for x in get("resumed_from", (list,), [])],
+                   saved_model=get("saved_model", (str,)), wall_seconds=get("wall_seconds", (int, float), 0.0),
+                   price=price, flops=run_flops, precision=get("precision", (str,)), settings=get("settings", (dict,)),
+                   recorded_mfu=recorded_mfu)
+
     def to_dict(self) -> dict:
-        acc = summarize(self.accuracies).to_dict() if self.finished else None
-        secs = summarize([r.train_seconds for r in self.finished]).to_dict() if self.finished else None
+        acc = summarize(self.accuracies, FRACTION).to_dict() if self.finished else None
+        secs = summarize([r.train_seconds for r in self.finished], NON_NEGATIVE).to_dict() if self.finished else None
         return {
             "recipe": self.recipe, "dataset": self.dataset, "device": self.device, "command": self.command,
             "smoke_test": self.smoke_test,
@@ -146,6 +191,10 @@ class Session:
         self.world, self.show, self.began = world, show, began
         self.written = False
         self.stored_id: int | None = None  # the database row of the result, once stored
+        # The runs the result took from the checkpoint it resumed (resume.py checked them): an earlier command's,
+        # which that command kept. Until this command ends a run of its own, a failure keeps nothing.
+        self.adopted = len(result.runs)
+        self.told_resumed = False
 
     def save(self) -> None:
         """The result file as it stands (after every run: a crash or kill later keeps this one)."""
@@ -153,6 +202,21 @@ class Session:
         if self.json_path is not None and self.world.is_main:
             write_json(self.json_path, self.result.to_dict())
             self.written = True
+        self._tell_resumed()
+
+    def _tell_resumed(self) -> None:
+        """With --quiet (the summary shown, progress lines not), the line that says the result continues a
+        checkpoint: its runs before the resumed one, and that run's first steps, are an earlier command's. Said
+        once the resumed run has ended, after every check of the checkpoint (the family's restoring its state
+        among them), so that a refused checkpoint still costs one line; verbose output says it at the start."""
+        result, show = self.result, self.show
+        if self.told_resumed or not result.resumed_from or show.verbose or not show.show_summary \
+                or not self.world.is_main:
+            return
+        self.told_resumed = True
+        earlier = f"; runs 1-{self.adopted} are the checkpoint's" if self.adopted > 1 else \
+            "; run 1 is the checkpoint's" if self.adopted == 1 else ""
+        warn(f"resumed from {result.resumed_from[0]} (run {self.adopted + 1} continued from it{earlier})")
 
     def store(self) -> None:
         """The final result (complete or not) into the database too, as the JSON file has it."""
@@ -192,8 +256,10 @@ class Session:
 
     def keep_failed(self, failure: BaseException) -> None:
         """An error after some runs ended (a later run, saving the model): those runs are kept too, and the one
-        line says where (errors.note_kept)."""
-        if not self.result.runs:
+        line says where (errors.note_kept). Runs taken from a checkpoint alone are not this command's to keep: a
+        checkpoint refused as its state is restored (checkpoint.restoring) keeps nothing of it, and a legitimate
+        one's runs stay where the command that ran them kept them (its result file and row, the checkpoint)."""
+        if len(self.result.runs) <= self.adopted:
             return
         with signals_held():
             with contextlib.suppress(Exception):  # the first failure is the one to report

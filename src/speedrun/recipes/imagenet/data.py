@@ -19,12 +19,11 @@ import torch
 from PIL import Image
 
 from speedrun import dist
-from speedrun.data import limits
 from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
-from speedrun.data.shards import (MANIFEST, SYNTHETIC_FORMAT, Shards, file_sha256, open_regular, repair_advice,
-                                  write_split)
-from speedrun.errors import print_line, printable, warn
+from speedrun.data.shards import (MANIFEST, SPLITS, SYNTHETIC_FORMAT, Shards, file_sha256, listed_splits, open_regular,
+                                  prepare_command, read_classes, repair_advice, write_split)
+from speedrun.errors import print_line, warn
 from speedrun.paths import data_root, make_folder, user_path
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.records.result_file import write_text
@@ -38,7 +37,6 @@ SMOKE_BATCH = 32  # divides any power-of-two number of processes up to 32
 SMOKE_EVAL_IMAGES = 64
 SMOKE_RES_PX = 64
 SMOKE_WORKERS = 2
-MAX_CLASSES_BYTES = 4 * 2**20  # classes.json: 21,841 ImageNet-21k names are about 250 KB
 SYNTHETIC = "synthetic"
 
 
@@ -58,44 +56,6 @@ class ShardData:
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-
-def _classes(root: Path) -> tuple[str, ...]:
-    """classes.json, a file from elsewhere: read at most MAX_CLASSES_BYTES of a regular file (a FIFO would block,
-    /dev/zero never end), and what it holds checked as prepare writes it: 2 to limits.MAX_CLASSES distinct,
-    non-empty, printable names."""
-
-    path = root / "classes.json"
-    fix = repair_advice(root)
-    try:
-        fd = open_regular(path)
-        with open(fd, "rb") as f:
-            raw = f.read(MAX_CLASSES_BYTES + 1)
-        if len(raw) > MAX_CLASSES_BYTES:
-            raise ValueError(f"over {MAX_CLASSES_BYTES:,} bytes")
-        names = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        if (root / MANIFEST).exists():  # prepared, and classes.json lost since: prepare writes it again
-            raise ValueError(f"{root} has no classes.json; {fix}") from None
-        raise ValueError(f"{root} has no classes.json: it is not a folder written by speedrun data "
-                         "prepare; run `speedrun data prepare SRC DST` and train on DST") from None
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nested a million deep
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
-        if type(e) is ValueError:
-            reason = str(e)
-        raise ValueError(f"cannot read {path} ({reason}); {fix}") from None
-    if not (isinstance(names, list) and 2 <= len(names) <= limits.MAX_CLASSES
-            and all(isinstance(n, str) for n in names)):
-        raise ValueError(f"{path} is not a list of 2 to {limits.MAX_CLASSES:,} class names; {fix}")
-    bad = next((n for n in names if not n or printable(n) != n), None)
-    if bad is not None:
-        raise ValueError(f"{path} has the class name {repr(bad)[:80]}: names are "
-                         f"non-empty and printable; {fix}")
-    seen: set[str] = set()
-    dup = next((n for n in names if n in seen or seen.add(n)), None)
-    if dup is not None:
-        raise ValueError(f"{path} names class {dup[:80]} twice; {fix}")
-    return tuple(names)
 
 
 def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -> ShardData:
@@ -132,16 +92,17 @@ def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -
 
 
 def _open_prepared(root: Path, name: str) -> ShardData:
-    """A prepared folder's classes and split sizes, every index checked against its shards; nothing decoded."""
-    classes = _classes(root)
-    evals = [s for s in ("val", "test") if (root / f"{s}-index.npy").exists()]
-    if not (root / "train-index.npy").exists() or not evals:
-        recorded = _recorded_splits(root)
-        if "train" in recorded and recorded & {"val", "test"}:  # prepared whole, an index lost since
-            raise ValueError(f"{root} has lost a split's index (train-index.npy, val-index.npy or test-index.npy); "
-                             f"{repair_advice(root)}")
+    """A prepared folder's classes and split sizes, every index checked against its shards; nothing decoded. Its
+    splits are those its manifest lists (a split file it does not list is none: shards.listed_splits), or, without
+    a manifest of ours, its index files."""
+    classes = read_classes(root)  # checked against the manifest's record: a reordered list is refused
+    listed = listed_splits(root)
+    have = listed if listed is not None else [s for s in SPLITS if (root / f"{s}-index.npy").exists()]
+    evals = [s for s in ("val", "test") if s in have]
+    if "train" not in have or not evals:
+        said = f"its {MANIFEST} lists {', '.join(listed) or 'no split'}" if listed is not None else "no manifest"
         raise ValueError(f"{root} needs a train split and a val or test split (train-index.npy, "
-                         "val-index.npy); prepare a folder with train/ and val/ (or test/)")
+                         f"val-index.npy; {said}); prepare a folder with train/ and val/ (or test/)")
     counts = []
     for split in ("train", evals[0]):
         with Shards(root, split) as shards:  # the index only (checked against the shards); nothing decoded
@@ -152,20 +113,27 @@ def _open_prepared(root: Path, name: str) -> ShardData:
         if int(labels.max()) >= len(classes):
             raise ValueError(f"{root}: the {split} split has label {int(labels.max())} but "
                              f"classes.json names {len(classes)} classes; {repair_advice(root)}")
+        if split == "train":
+            _check_every_class_trains(root, labels, classes)
         counts.append(len(labels))
     return ShardData(name=name, root=str(root), train_split="train",
                      eval_split=evals[0], classes=classes, num_train=counts[0], num_eval=counts[1],
                      mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
 
 
-def _recorded_splits(root: Path) -> set[str]:
-    """The splits the manifest of a prepared folder records (none when it has no manifest we can read)."""
-    try:
-        with open(open_regular(root / MANIFEST), "rb") as f:
-            manifest = json.loads(f.read(MAX_CLASSES_BYTES * 16).decode("utf-8"))
-        return {s for s in manifest["splits"] if isinstance(s, str)}
-    except (OSError, ValueError, RecursionError, TypeError, KeyError):
-        return set()
+def _check_every_class_trains(root: Path, labels: np.ndarray, classes: tuple[str, ...]) -> None:
+    """Every class of classes.json has training images (prepare keeps an empty class folder in the index, with a
+    warning): a class never trained on is a wrong answer for each of its evaluation images, and a saved model
+    would name it. As the in-memory image-folder loader refuses the same layout."""
+    absent = np.flatnonzero(np.bincount(labels, minlength=len(classes)) == 0).tolist()  # labels: 0 <= label < C
+    if absent:
+        names = ", ".join(classes[k] for k in absent[:5]) + (f" and {len(absent) - 5} more" if len(absent) > 5 else "")
+        command, recorded = prepare_command(root)
+        where = (f"{recorded}/train/" if recorded and Path(recorded, "train").is_dir() else recorded or
+                 "SRC/train/ (SRC: the image folder they were prepared from)")  # SRC/<class>/ is a train split too
+        raise ValueError(f"{root}: class(es) {names} of classes.json have no training images (their train/ folders "
+                         "are empty), and a class never trained on is never predicted; add images to them, or "
+                         f"remove those class folders from {where}, then run `{command}` again")
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
