@@ -32,6 +32,18 @@ def tiny() -> Dataset:
     return make_tiny()
 
 
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """`speedrun ARGV` in this process: (exit code, stdout, stderr); argparse's own exits counted as codes."""
+    from speedrun.cli.program import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (the scripts are not a package)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as _run
 from PIL import Image
 
-from speedrun.cli.program import main
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.data.sources import load_dataset
 from speedrun.errors import printable
@@ -34,15 +34,6 @@ def _prepare(src, dst):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return prepare_tree(src, dst, max_side_px=16, workers=0)
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # Class: names that are stored alike once escaped (errors.printable): the class index would name a class twice.

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as _run
 from PIL import Image
 
-from speedrun.cli.program import main
 from speedrun.data import shards
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.data.shard_loader import ShardImages
@@ -160,15 +160,6 @@ def test_a_hostile_shard_table_is_no_manifest(tamper, tmp_path):
     report, _ = _prepare(src, dst)
     assert not any(s.up_to_date or s.repaired for s in report.splits)  # everything again, no crash
     assert json.loads((dst / "manifest.json").read_text())["splits"] == good["splits"]
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _sample_error(root: Path) -> str:

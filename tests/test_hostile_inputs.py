@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as _run
 from PIL import Image
 
 from speedrun.cli.output import one_line as _one_line
-from speedrun.cli.program import main
 from speedrun.data import shards
 from speedrun.data.prepare import prepare_image
 from speedrun.data.prepare_tree import prepare_tree
@@ -38,15 +38,6 @@ def _prepared(root: Path, n_train=8, n_val=4) -> Path:
         shards.write_split(((_jpeg((40 * i % 255, 90, 30 + 100 * (i % 2))), i % 2) for i in range(n)), root, split)
     (root / "classes.json").write_text(json.dumps(["cat", "dog"]))
     return root
-
-
-def _run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _one_error(code, err, *fragments):

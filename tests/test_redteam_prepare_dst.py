@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as _run
 from PIL import Image
 
-from speedrun.cli.program import main
 from speedrun.data import shards
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.errors import SpeedrunWarning
@@ -43,15 +43,6 @@ def _snapshot(root: Path) -> dict:
         rel = str(p.relative_to(root))
         out[rel] = os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None
     return out
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # Class: DST that is not a folder prepare wrote is refused before anything is read or written, naming DST and a

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli as _run
 from PIL import Image
 
-from speedrun.cli.program import main
 from speedrun.data import shards
 from speedrun.data.prepare_tree import prepare_tree
 from speedrun.data.shard_loader import ShardImages
@@ -42,15 +42,6 @@ def _prepare(src, dst):
         warnings.simplefilter("always")
         report = prepare_tree(src, dst, max_side_px=16, workers=0)
     return report, [str(w.message) for w in caught if issubclass(w.category, SpeedrunWarning)]
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _advised(message: str) -> list[str]:
