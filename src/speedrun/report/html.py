@@ -63,12 +63,19 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
                           f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'])
         out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "hit", "date",
                            "command", "fingerprint"], cells, ["reached" if rep.has_reached(r) else "" for r in rows]))
-        if len(board["rows"]) > len(rows):
-            out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
-        if board.get("more"):
-            out.append(f'<p class="note">{board["more"]} more leaderboard(s) not shown (`speedrun results` lists '
-                       'every result).</p>')
+        out += _not_shown(board, len(rows), "leaderboard(s)")
     return out
+
+
+def _not_shown(board: dict, shown: int, boards: str) -> list[str]:
+    """The notes under a board: its rows past the `shown` ones, and the `boards` past the page's cap."""
+    notes = []
+    if len(board["rows"]) > shown:
+        notes.append(f'<p class="note">{len(board["rows"]) - shown} more row(s) not shown.</p>')
+    if board.get("more"):
+        notes.append(f'<p class="note">{board["more"]} more {boards} not shown (`speedrun results` lists '
+                     'every result).</p>')
+    return notes
 
 
 SYNTHETIC_NOTE = "synthetic data (random images and labels: nothing is learnable, accuracy is chance level)"
@@ -92,11 +99,7 @@ def _speed_boards(boards: list[dict]) -> list[str]:
                   f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'] for i, r in enumerate(rows)]
         out.append(_table(["#", "recipe", "device", "timed s", "cost/run", "n", "date", "command", "fingerprint"],
                           cells))
-        if len(board["rows"]) > len(rows):
-            out.append(f'<p class="note">{len(board["rows"]) - len(rows)} more row(s) not shown.</p>')
-        if board.get("more"):
-            out.append(f'<p class="note">{board["more"]} more board(s) not shown (`speedrun results` lists '
-                       'every result).</p>')
+        out += _not_shown(board, len(rows), "board(s)")
     return out
 
 
