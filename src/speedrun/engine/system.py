@@ -50,8 +50,8 @@ def setup_system(cfg, device: torch.device) -> System:
 
 def resolve_system(cfg, device: torch.device) -> System:
     """What cfg's device-side settings mean on `device` (precision=auto resolved, ...), changing nothing."""
-    # auto on a CPU with native bf16: bf16 where the family measured it, but not compiled (a NaN loss there)
-    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU and not cfg.compile),
+    # auto on a CPU with native bf16: bf16 where the family measured it
+    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU),
                   resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
 
 

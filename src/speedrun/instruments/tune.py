@@ -177,7 +177,7 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
     for s in report["settings"][1:]:
         keys = [k for k in changes[s["name"]] if k != "compile_mode"]
         variant = runner.make_config(rec, epochs, {**(overrides or {}), **changes[s["name"]]})
-        # a setting may change the precision "auto" resolves to (compile on a CPU keeps it at fp32)
+        # a setting may change the precision "auto" resolves to; none of the guide's does today, but a family's rule may
         numbers = any(k in CHANGES_NUMBERS for k in keys) or resolve_system(variant, dev).precision != current.precision
         good, verdict = _verdict(s, numbers)
         v = s.get("versus_baseline") or {}

@@ -75,7 +75,10 @@ class CifarNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.groups(self.act(self.whiten(x)))  # (B, widths[-1], 3, 3) for 32x32 input
-        x = torch.amax(x, dim=(2, 3))  # global max pool; airbench's MaxPool2d(3) on its 3x3 map
+        # Global max pool, (B, C, H, W) -> (B, C), as airbench's MaxPool2d(3) on its 3x3 map: the gradient goes to
+        # one maximum. Not torch.amax, which splits it among ties: compiled by inductor in bf16/fp16 its backward
+        # gives NaN (torch 2.11 on an H100, 2.13 on a CPU; benchmarks/repro_amax_compile.py).
+        x = nn.functional.adaptive_max_pool2d(x, 1).flatten(1)
         return self.head(x) * self.logit_scale
 
 

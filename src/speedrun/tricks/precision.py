@@ -16,9 +16,7 @@ cudnn_benchmark: cuDNN times the candidate algorithms for each new convolution s
   instructions (AVX-512 BF16 or AMX: oneDNN runs bf16 convolutions and matmuls on them at several times its fp32
   rate; `speedrun peak` measures it) and the family has measured its accuracy to hold
   (config.SystemConfig.BF16_AUTO_ON_CPU). Without those instructions oneDNN emulates bf16, slower than fp32.
-  With compile=true on a CPU, "auto" is fp32: with bf16 autocast there, the compiled cifar10-94 step gave a NaN
-  loss by its second step (torch 2.13; `speedrun tune` reported it), fp32 compiled did not. On Apple's MPS: fp32
-  and NCHW (NHWC not measured there).
+  On Apple's MPS: fp32 and NCHW (NHWC not measured there).
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ def native_bf16_cpu() -> bool:
 
 def resolve_precision(precision: str, device: torch.device, bf16_auto_on_cpu: bool = False) -> str:
     """bf16_auto_on_cpu: whether "auto" may mean bf16 on a CPU with native bf16 (a family's
-    SystemConfig.BF16_AUTO_ON_CPU, off where the run compiles: see the card above)."""
+    SystemConfig.BF16_AUTO_ON_CPU)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "auto":
