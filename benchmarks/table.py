@@ -27,7 +27,7 @@ from speedrun.records.stats import mean_std_text
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
 # scripts beside this one, each with markdown(report) -> str
-BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time")
+BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
 COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader"}
 # speedrun's own commands' reports

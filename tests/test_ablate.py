@@ -9,6 +9,9 @@ from speedrun.cli.program import main
 from speedrun.engine.system import resolve_system
 from speedrun.recipes import cifar
 
+# the 2025 record's switches (cifar10-94-hiverge), off in cifar10-94
+RECORD_2025 = {"tta_select", "activation", "whiten_method", "jitter_brightness", "jitter_contrast",
+               "muon_ns_batched", "muon_renorm_every_steps"}
 TINY = ["--dataset", "synthetic:train=256,test=32", "--device", "cpu", "--epochs", "1", "--set", "batch_size=64",
         "--set", "widths=8,16,16", "--set", "whiten_images=64"]
 
@@ -20,12 +23,12 @@ def test_ablate_lists_every_registered_trick_and_switches_exactly_one(tmp_path, 
     report = json.loads(out.read_text())
     assert sorted(r["trick"] for r in report["tricks"]) == sorted(key for key, _, _ in cifar.TRICKS)
     base = cifar.cifar10_94()
-    # cutout and compile are off in the recipe; bf16 autocast is off on a CPU without native bf16 (precision=auto
-    # is fp32 there) and on with it
+    # cutout, compile and the 2025 record's switches are off in the recipe; bf16 autocast is off on a CPU without
+    # native bf16 (precision=auto is fp32 there) and on with it
     fp32_here = resolve_system(base, torch.device("cpu")).precision == "fp32"
     already = {key for key, off, _ in cifar.TRICKS if getattr(base, key) == off} | ({"precision"} if fp32_here
                                                                                      else set())
-    assert already == {"cutout_px", "compile"} | ({"precision"} if fp32_here else set())
+    assert already == {"cutout_px", "compile", *RECORD_2025} | ({"precision"} if fp32_here else set())
     assert {r["trick"] for r in report["tricks"] if not r["measured"]} == already
     baseline = report["results"][0]["config"]
     for setting, result in zip(report["settings"][1:], report["results"][1:]):

@@ -75,15 +75,16 @@ def test_fetch_wrong_checksum_leaves_no_file(tmp_path, served):
 
 
 @pytest.mark.parametrize("incomplete", [False, True], ids=["short-body", "incomplete-read"])
-def test_fetch_truncated_download_is_rejected(tmp_path, monkeypatch, incomplete):
+def test_fetch_truncated_download_is_kept_to_resume_never_as_the_file(tmp_path, monkeypatch, incomplete):
     half = PAYLOAD[: len(PAYLOAD) // 2]
     monkeypatch.setattr(
         download.urllib.request, "urlopen", lambda url, timeout: _FakeResponse(half, len(PAYLOAD), incomplete)
     )
     dest = tmp_path / "archive.tar.gz"
-    with pytest.raises(ValueError, match=rf"archive\.tar\.gz.*{hashlib.md5(half).hexdigest()}.*expected {PAYLOAD_MD5}"):
+    with pytest.raises(FileNotFoundError, match=rf"closed after {len(half)} of {len(PAYLOAD)} bytes.*{PAYLOAD_MD5}"):
         fetch("https://example.invalid/archive.tar.gz", dest, PAYLOAD_MD5)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == [".archive.tar.gz.part"]  # never at dest's name
+    assert (tmp_path / ".archive.tar.gz.part").read_bytes() == half
 
 
 def test_fetch_reuses_a_good_file_without_network(tmp_path, monkeypatch):

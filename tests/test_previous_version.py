@@ -10,6 +10,8 @@ import torch
 
 import speedrun
 from speedrun.cli.program import main
+from speedrun.config import field_defaults
+from speedrun.recipes.cifar import CifarConfig
 
 OLD = Path(__file__).parent / "fixtures" / "previous_version"
 # The cifar command that wrote the checkpoint, less its output flags (--resume replaces --checkpoint-every's start).
@@ -42,8 +44,10 @@ def test_a_checkpoint_of_the_previous_version_resumes_to_that_versions_accuracy(
     old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "new.json"))
     assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
     assert [r["steps"] for r in new["runs"]] == [r["steps"] for r in old["runs"]] == [4, 4]
-    # the config is the old one, with the precision named and the system settings added since at their defaults
-    assert new["config"] == {**old["config"], "precision": "fp32", "cpu_threads": 0, "optimizer_kernel": "auto"}
+    # the config is the old one, with the precision named and the settings added since at their defaults
+    added = {k: v for k, v in field_defaults(CifarConfig).items() if k not in old["config"]}
+    assert {"cpu_threads", "optimizer_kernel", "tta_select", "whiten_method"} <= set(added)
+    assert new["config"] == json.loads(json.dumps({**old["config"], **added, "precision": "fp32"}))
 
 
 def test_a_checkpoint_continues_at_the_precision_it_began_with(tmp_path, monkeypatch, capsys):
@@ -98,3 +102,16 @@ def test_the_previous_versions_results_database_opens_lists_and_reports(tmp_path
     assert "cifar10-94" in listed and "imagenet-debug" in listed
     assert main(["report", "--db", str(db), "--out", str(tmp_path / "r.html")]) == 0
     assert "imagenet-debug" in (tmp_path / "r.html").read_text()
+
+
+def test_a_setting_added_since_a_checkpoint_resumes_only_at_its_default(tmp_path, monkeypatch, capsys):
+    """The previous version's checkpoint has no whiten_method or tta_select: it ran as their defaults do, so a
+    resume at another value is refused naming the default it ran with."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ck").mkdir()
+    shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", tmp_path / "ck" / "ckpt-00001-000000003.safetensors")
+    for setting, text in (("whiten_method=svd", "whiten_method='eigh'"), ("tta_select=0.5", "tta_select=0.0")):
+        assert main([*CIFAR, "--set", "precision=fp32", "--set", setting, "--checkpoint-dir", "ck", "--resume",
+                     "auto", "--json", "x.json"]) == 2
+        line = capsys.readouterr().err.strip()
+        assert f"was made with {text}" in line and "\n" not in line

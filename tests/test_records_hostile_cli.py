@@ -192,7 +192,8 @@ ARGV = {"train": ["train"], "bench": ["bench", "--vary", "lookahead=false"], "ab
         "eval": ["eval", "m", "--dataset", "d"], "predict": ["predict", "m", "i.png"],
         "bench-loader": ["bench-loader", "d"], "profile": ["profile"], "tune": ["tune"], "peak": ["peak"],
         "results": ["results"], "results import": ["results", "import", "f.json"], "compare": ["compare", "1", "2"],
-        "report": ["report"], "data": ["data", "prepare", "a", "b"], "recipes": ["recipes"]}
+        "report": ["report"], "data": ["data", "prepare", "a", "b"], "recipes": ["recipes"],
+        "sweep": ["sweep", "--space", "lr_per_1024=8:14"]}
 
 
 def test_every_command_is_covered():

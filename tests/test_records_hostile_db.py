@@ -390,6 +390,7 @@ def test_results_marks_what_stored_each_row_and_shows_hits_of_n(tmp_path, capsys
                 "to-target": "torchrun --standalone --nproc_per_node=2 -m speedrun ablate --to-target  # setting "
                              "baseline, 2 epochs (20 steps)",
                 "tune": "speedrun tune cifar10-94  # setting compile=true",
+                "sweep": "speedrun sweep cifar10-94 --space lr_per_1024=8:14  # setting trial 3 of s: lr_per_1024=9",
                 "python API": None}
     with contextlib.closing(db.connect(path)) as conn:
         for i, (kind, command) in enumerate(commands.items()):

@@ -24,7 +24,7 @@ def drawn(monkeypatch):
     every axes shows a mark in data coordinates (a point, a bar), and every drawn line has two points or more (a
     target's or a baseline's axhline/axvline is no data)."""
     figures, current = [], [None]
-    png = charts._png
+    png = charts.png
 
     def checked_png(fig):
         for ax in fig.axes:
@@ -43,7 +43,7 @@ def drawn(monkeypatch):
             return function(*args, **kwargs)
         return draw
 
-    monkeypatch.setattr(charts, "_png", checked_png)
+    monkeypatch.setattr(charts, "png", checked_png)
     for name in KINDS:
         monkeypatch.setattr(charts, name, recording(name, getattr(charts, name)))
     return figures

@@ -13,7 +13,7 @@ from speedrun.engine.loop import Diverged, RunResult
 from speedrun.engine.system import resolve_system
 from speedrun.recipes import cifar
 
-from test_ablate import TINY
+from test_ablate import RECORD_2025, TINY
 
 
 def _threshold_curve(threshold: int):
@@ -93,7 +93,7 @@ def test_the_cli_searches_every_variant_interleaved_and_stores_each_probe(tmp_pa
     assert report["max_probes"] == 3 and report["target_accuracy"] == 0.1 and report["runs"] == 1
     names = [v["name"] for v in report["variants"]]
     # bf16 autocast is already off on a CPU without native bf16 (precision=auto is fp32 there), on with it
-    off_here = {"cutout_px", "compile"} | (
+    off_here = {"cutout_px", "compile", *RECORD_2025} | (
         {"precision"} if resolve_system(cifar.cifar10_94(), torch.device("cpu")).precision == "fp32" else set())
     on = [key for key, off, _ in cifar.TRICKS if key not in off_here]
     assert [n.split("=")[0] for n in names] == ["baseline", *on]  # the variants ablate measures

@@ -18,6 +18,18 @@ def field_types(cfg_cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}
 
 
+def field_defaults(cfg: Any) -> dict[str, Any]:
+    """{field: default} of a config dataclass (instance or class), as dataclasses.asdict writes values (tuples for
+    the tuple fields): a setting's behaviour before it existed, for files written before it (checkpoints)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def _describe(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return "one of " + "|".join(map(str, get_args(tp)))

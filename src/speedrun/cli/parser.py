@@ -6,6 +6,7 @@ import argparse
 
 from speedrun._version import __version__
 from speedrun.cli.output import EXIT_USAGE, one_line, other_rank, say
+from speedrun.data.download import check_mirror  # urllib only: no torch
 from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
 
 
@@ -31,6 +32,13 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
+def _mirror(text: str) -> str:
+    try:
+        return check_mirror(text, "--mirror")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _version() -> str:
     return f"speedrun {__version__}"
 
@@ -46,11 +54,17 @@ DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps"
 EPOCHS_HELP = "train this many epochs instead of the recipe's; the schedule is compressed to fit"
 SEED_HELP = "first seed; run i uses seed + i (default 0)"
 IMAGE_SIZE_HELP = "image folders: resize the shorter side to PX and centre-crop PX x PX (mixed sizes)"
+MIRROR_HELP = ("a named dataset's download: try this URL first, a folder (the file name is appended) or the file "
+               "itself; repeatable, tried in order, then $SPEEDRUN_MIRRORS, then the published URL")
+TENSORBOARD_HELP = ("write TensorBoard event files (per-step loss, lr; per-epoch accuracy, images/s; the config as "
+                    "hparams) to a new folder DIR/<time>-<recipe>, one run per seed (and setting); needs "
+                    "pip install 'speedrun[tensorboard]'")
 
 
 def _instrument_flags(p: argparse.ArgumentParser, epochs_help: str = EPOCHS_HELP) -> None:
     """The flags ablate and tune share with bench's: the data, the device, the budget, the seed and the outputs."""
     for flag, kwargs in (("--dataset", {"help": DATASET_HELP}), ("--data-dir", {"help": DATA_DIR_HELP}),
+                         ("--mirror", {"action": "append", "type": _mirror, "metavar": "URL", "help": MIRROR_HELP}),
                          ("--device", {"default": "auto", "help": DEVICE_HELP}),
                          ("--epochs", {"type": _float, "help": epochs_help}),
                          ("--seed", {"type": int, "default": 0, "help": SEED_HELP}),
@@ -67,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_results(sub)
     _add_measuring(sub)
+    _add_sweep(sub)
     _add_files_and_models(sub)
     return parser
 
@@ -81,6 +96,7 @@ def _add_train(sub) -> None:
     t.add_argument("recipe", nargs="?", default="cifar10-94", help="recipe name (default cifar10-94; listed below)")
     t.add_argument("--dataset", default=None, help=DATASET_HELP)
     t.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    t.add_argument("--mirror", action="append", type=_mirror, metavar="URL", help=MIRROR_HELP)
     t.add_argument("--image-size", type=int, default=None, metavar="PX", help=IMAGE_SIZE_HELP)
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
     t.add_argument("--epochs", type=_float, default=None, help=EPOCHS_HELP)
@@ -113,6 +129,7 @@ def _add_train(sub) -> None:
     t.add_argument("--settings", default=None, metavar="FILE",
                    help="apply a settings file from `speedrun tune --apply FILE` (default: $SPEEDRUN_SETTINGS); "
                         "--set wins over it; the result records it")
+    t.add_argument("--tensorboard", default=None, metavar="DIR", help=TENSORBOARD_HELP)
 
 
 def _add_results(sub) -> None:
@@ -145,6 +162,7 @@ def _add_measuring(sub) -> None:
     b.add_argument("--runs", type=int, default=3, help="runs per setting (default 3)")
     b.add_argument("--dataset", default=None, help=DATASET_HELP)
     b.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    b.add_argument("--mirror", action="append", type=_mirror, metavar="URL", help=MIRROR_HELP)
     b.add_argument("--device", default="auto", help=DEVICE_HELP)
     b.add_argument("--epochs", type=_float, default=None, help=EPOCHS_HELP)
     b.add_argument("--seed", type=int, default=0, help=SEED_HELP)
@@ -152,6 +170,7 @@ def _add_measuring(sub) -> None:
                    help="the baseline's config overrides (repeatable)")
     b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
     b.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    b.add_argument("--tensorboard", default=None, metavar="DIR", help=TENSORBOARD_HELP)
     b.add_argument("--strict", action="store_true",
                    help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
                         "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
@@ -168,6 +187,7 @@ def _add_measuring(sub) -> None:
                         "bounded search")
     a.add_argument("--max-probes", type=int, default=None, metavar="K",
                    help="--to-target: epoch values tried per variant, 2 to 20 (default 5)")
+    a.add_argument("--tensorboard", default=None, metavar="DIR", help=TENSORBOARD_HELP)
     a.add_argument("--strict", action="store_true",
                    help="refuse to run while a debugging switch that slows training is on (anomaly detection, a "
                         "profiler, CUDA_LAUNCH_BLOCKING, ...); without it each is a warning")
@@ -189,6 +209,7 @@ def _add_measuring(sub) -> None:
     pr.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
     pr.add_argument("--dataset", default=None, help=DATASET_HELP)
     pr.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    pr.add_argument("--mirror", action="append", type=_mirror, metavar="URL", help=MIRROR_HELP)
     pr.add_argument("--image-size", type=int, default=None, metavar="PX", help=IMAGE_SIZE_HELP)
     pr.add_argument("--device", default="auto", help=DEVICE_HELP)
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -208,6 +229,52 @@ def _add_measuring(sub) -> None:
                          "torch's)")
 
 
+def _add_sweep(sub) -> None:
+    """sweep: a hyperparameter search on Optuna (instruments/sweep.py)."""
+    s = sub.add_parser("sweep", help="hyperparameter search on Optuna: --space KEY=LOW:HIGH[:log] or KEY=A,B,C, "
+                       "--trials N of --runs K seeds each; the study is stored and shown in the report")
+    s.add_argument("recipe", nargs="?", default="cifar10-94", help=RECIPE_HELP)
+    s.add_argument("--space", action="append", required=True, metavar="KEY=LOW:HIGH[:log]|KEY=A,B,C",
+                   help="a config key and its range (int or float field; :log for a log scale) or its values "
+                        "(repeatable)")
+    s.add_argument("--trials", type=int, default=10, help="trials this process adds to the study (default 10)")
+    s.add_argument("--runs", type=int, default=3, help="seeds per trial, the same in every trial (default 3)")
+    s.add_argument("--objective", choices=("accuracy", "time"), default="accuracy",
+                   help="accuracy: mean final test accuracy, maximized (default); time: mean timed seconds, "
+                        "minimized, a trial that does not reach the target by the records rule penalized")
+    s.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
+                   help="Optuna's sampler (default tpe, seeded by --seed)")
+    s.add_argument("--prune", action=argparse.BooleanOptionalAction, default=None,
+                   help="stop trials below the median on per-epoch accuracy (MedianPruner; default: on when the "
+                        "recipe evaluates every epoch)")
+    s.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna RDB storage, e.g. sqlite:///study.db or postgresql://... (default: "
+                        "RESULTS.sweeps.db beside the results database)")
+    s.add_argument("--study", default=None, metavar="NAME",
+                   help="the study's name (default: derived from the recipe, dataset, objective, budget and space)")
+    s.add_argument("--resume", action="store_true",
+                   help="add trials to an existing study (several processes may share one: --resume in all "
+                        "but the first)")
+    s.add_argument("--write-settings", default=None, metavar="FILE",
+                   help="write the best trial's configuration to FILE (never replaced) for train --settings FILE")
+    s.add_argument("--dataset", default=None, help=DATASET_HELP)
+    s.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    s.add_argument("--mirror", action="append", type=_mirror, metavar="URL", help=MIRROR_HELP)
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    s.add_argument("--epochs", type=_float, default=None, help=EPOCHS_HELP)
+    s.add_argument("--seed", type=int, default=0, help="first seed of every trial's runs, and the sampler's seed "
+                   "(default 0)")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides under every trial (repeatable)")
+    s.add_argument("--json", default=None,
+                   help="report file, never replaced (default: a new results/<time>-sweep-<recipe>-<dataset>.json)")
+    s.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
+    s.add_argument("--quiet", action="store_true", help="print only the table of trials (and warnings)")
+    s.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write each run's TensorBoard event files under DIR/<time>-<recipe>/trial-N/seed-S "
+                        "(pip install 'speedrun[tensorboard]')")
+
+
 def _add_files_and_models(sub) -> None:
     """compare, eval, predict, report, recipes, data prepare and bench-loader."""
     c = sub.add_parser("compare", help="B against baseline A: differences with 95%% CIs, Welch p, time ratio")
@@ -216,15 +283,22 @@ def _add_files_and_models(sub) -> None:
     c.add_argument("--json", action="store_true", help="the comparison as JSON")
     c.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     e = sub.add_parser("eval", help="test accuracy of a saved model (--save) on a dataset")
-    e.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
+    e.add_argument("model", nargs="?", help="a saved model (PATH, PATH.safetensors or PATH.json)")
+    e.add_argument("--ensemble", nargs="+", default=None, metavar="MODEL",
+                   help="instead of MODEL: 2+ saved models of one family and dataset; each one's accuracy and the "
+                        "accuracy of their mean softmax, with the evaluation seconds")
     e.add_argument("--dataset", required=True, help="as for train: a name or a path")
     e.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    e.add_argument("--mirror", action="append", type=_mirror, metavar="URL", help=MIRROR_HELP)
     e.add_argument("--image-size", type=int, default=None, metavar="PX", help="image folders: resize as for train")
     e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", default=None, help="also write the result to this new file")
     p = sub.add_parser("predict", help="top classes of image files under a saved model")
-    p.add_argument("model", help="a saved model (PATH, PATH.safetensors or PATH.json)")
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument("model", nargs="?", help="a saved model (PATH, PATH.safetensors or PATH.json)")
+    p.add_argument("images", nargs="*", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
+    p.add_argument("--ensemble", nargs="+", default=None, metavar="MODEL",
+                   help="instead of MODEL: the mean softmax of 2+ saved models of one family and dataset; give the "
+                        "images before --ensemble or after --")
     p.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     o = sub.add_parser("report", help="the results database as one HTML page; --readme/--benchmarks tables")

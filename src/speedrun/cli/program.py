@@ -1,5 +1,5 @@
 """The `speedrun` command: each subcommand calls one handler (the grammar is parser.py; the handlers are in
-file_commands.py and train_commands.py).
+file_commands.py, train_commands.py and sweep_command.py).
 
 Failure behaviour (README "Failure behaviour"):
 - a user error (bad flag, config, data or path) prints one line on stderr and exits 2, before any training;
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speedrun.cli.output import EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say, under_torchrun
 from speedrun.cli.parser import build_parser
+from speedrun.data.download import given_mirrors  # urllib only: no torch
 from speedrun.errors import SpeedrunWarning, Terminated
 from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
 
@@ -72,7 +73,7 @@ _SMALLER_BATCH = ("lower batch_size or eval_batch_size (--set batch_size=N, --se
                   "or smaller images")
 _MEMORY_ADVICE = {
     "train": _SMALLER_BATCH, "bench": _SMALLER_BATCH, "ablate": _SMALLER_BATCH, "tune": _SMALLER_BATCH,
-    "profile": _SMALLER_BATCH,
+    "profile": _SMALLER_BATCH, "sweep": _SMALLER_BATCH,
     "eval": "evaluate on the CPU (--device cpu), whose memory is usually larger, or, for an image folder, at a "
             "smaller --image-size",
     "predict": "give fewer or smaller images per call, or predict on the CPU (--device cpu)",
@@ -140,6 +141,7 @@ _COMMANDS = {"train": ("train_commands", "train_command", True),
              "bench-loader": ("train_commands", "bench_loader_command", True),
              "profile": ("train_commands", "profile_command", True),
              "tune": ("train_commands", "tune_command", True),
+             "sweep": ("sweep_command", "sweep_command", True),
              "peak": ("train_commands", "peak_command", False),
              "results": ("file_commands", "results_command", False),
              "compare": ("file_commands", "compare_command", True),
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     # Everything from here on, the imports of torch and the data included (a second or more), is inside the
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
-        with _cli_signals_and_warnings():
+        # --mirror (the commands that may download a named dataset) reaches the downloader, whichever handler loads it
+        with _cli_signals_and_warnings(), given_mirrors(getattr(args, "mirror", None) or ()):
             module, function, takes_argv = _COMMANDS[args.command]
             if args.command == "results" and args.results_action == "import":
                 function = "import_command"

@@ -12,6 +12,7 @@ import numpy as np
 from speedrun import dist
 from speedrun.cli.output import EXIT_DIVERGED, err, out
 from speedrun.config import check_int, parse_set_args
+from speedrun.data.folder import IMAGE_EXTENSIONS
 from speedrun.engine.peak import cache_path, datasheet
 from speedrun.engine.peak import mfu_text as peak_text
 from speedrun.engine.peak import peak as peak_of
@@ -29,7 +30,8 @@ from speedrun.records.result_file import claim_result_path, release_result_path,
 from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
-from speedrun.run.export import evaluate_saved, iter_predictions
+from speedrun.run.ensemble import evaluate_ensemble, iter_ensemble_predictions
+from speedrun.run.export import evaluate_saved, iter_predictions, model_paths
 from speedrun.tricks.precision import set_cpu_threads
 
 
@@ -69,7 +71,7 @@ def train_command(args, argv: list[str]) -> int:
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
                         resume=args.resume, save=args.save, price_per_hour=args.price_per_hour,
                         db=args.db or default_db_path(), strict=args.strict, settings=args.settings,
-                        overrides=overrides)
+                        tensorboard=args.tensorboard, overrides=overrides)
     return EXIT_DIVERGED if result.diverged_runs else 0
 
 
@@ -115,7 +117,7 @@ def bench_command(args, argv: list[str]) -> int:
     vary, overrides = recipe_vary(args.recipe, args.vary), parse_set_args(args.overrides)
     report, path, stored = _run_and_store(args, argv, "bench", lambda log: bench(
         args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
-        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log))
+        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard))
     if path is None:  # a torchrun process other than rank 0
         return diverged_exit(report, quiet=True)
     for line in _bench_lines(report):
@@ -163,6 +165,9 @@ def ablate_command(args, argv: list[str]) -> int:
         raise ValueError("--to-target and --waterfall are two different questions: ask one per command")
     if args.max_probes is not None and not args.to_target:
         raise ValueError("--max-probes bounds the --to-target search: add --to-target")
+    if args.to_target and args.tensorboard is not None:
+        raise ValueError("--tensorboard logs the runs of ablate and --waterfall, not the --to-target search: leave "
+                         "out one of them")
     if args.to_target:
         return to_target_command(args, argv)
     overrides = parse_set_args(args.overrides)
@@ -170,7 +175,7 @@ def ablate_command(args, argv: list[str]) -> int:
 
     def make(log):
         common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
-                      data_dir=args.data_dir, overrides=overrides, log=log)
+                      data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard)
         return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
 
     report, path, stored = _run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
@@ -236,7 +241,16 @@ def to_target_command(args, argv: list[str]) -> int:
 
 
 def eval_command(args) -> int:
-    """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr."""
+    """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr. With --ensemble
+    M1 M2 ...: a table of each model's accuracy and the ensemble's (ensemble_eval)."""
+    ensemble = getattr(args, "ensemble", None)
+    if ensemble is not None and args.model is not None:
+        raise ValueError(f"give either MODEL ({args.model}) or --ensemble MODEL MODEL ..., not both: with "
+                         "--ensemble, name every model after it")
+    if ensemble is not None:
+        return ensemble_eval(args)
+    if args.model is None:
+        raise ValueError("give a saved model: speedrun eval MODEL --dataset D (or --ensemble MODEL MODEL ...)")
     quiet = getattr(args, "quiet", False)
     result, _ = _report_to(getattr(args, "json", None), lambda: evaluate_saved(
         args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
@@ -252,22 +266,80 @@ _SMOKE_MODEL = ("note: {model} was saved by a smoke test (speedrun train --smoke
                 "mean(s) nothing; train without --smoke for a real model")
 
 
+def ensemble_eval(args) -> int:
+    """`speedrun eval --ensemble M1 M2 ... --dataset D`: per model and for the ensemble, the accuracy and the
+    evaluation seconds on stdout; what is timed on stderr."""
+    quiet = getattr(args, "quiet", False)
+    report, path = _report_to(getattr(args, "json", None), lambda: evaluate_ensemble(
+        args.ensemble, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
+        log=None if quiet else _log))
+    for row in report["models"]:
+        if row["smoke_test"]:
+            err(_SMOKE_MODEL.format(model=row["model"], what="accuracy"))
+    e = report["ensemble"]
+    width = max(24, *(len(r["model"]) for r in report["models"]))
+    out(f"ensemble of {e['n_models']} models on {report['dataset']} test ({report['n']} images, {report['device']})")
+    out(f"{'model':{width}} {'TTA':>3} {'accuracy %':>10} {'eval s':>9}")
+    for r in report["models"]:
+        out(f"{r['model']:{width}} {r['tta_level']:>3} {100 * r['accuracy']:>10.2f} {r['seconds']:>9.3f}"
+            + (" smoke test" if r["smoke_test"] else ""))
+    ratio = "" if e["time_ratio"] is None else f", {e['time_ratio']:.2f}x"
+    out(f"{'ensemble (mean softmax)':{width}} {'':>3} {100 * e['accuracy']:>10.2f} {e['seconds']:>9.3f} "
+        f"(+{e['extra_seconds']:.3f} s over one model's mean{ratio})")
+    err(f"timed: {report['timed']}" + (f"; report: {path}" if path else ""))
+    return 0
+
+
+def _predict_inputs(args) -> tuple[list[str] | None, list[str]]:
+    """(the ensemble's models or None, the image files) from `predict`'s words: with --ensemble, every
+    positional word is an image (`predict IMAGE... --ensemble M M` or `predict --ensemble M M -- IMAGE...`)."""
+    ensemble = getattr(args, "ensemble", None)
+    positional = ([] if args.model is None else [args.model]) + list(args.images)
+    if ensemble is None:
+        if args.model is None or not args.images:
+            raise ValueError("give a saved model and image files: speedrun predict MODEL IMAGE... (or --ensemble "
+                             "MODEL MODEL ... -- IMAGE...)")
+        return None, list(args.images)
+    for word in ensemble:  # images swallowed by --ensemble, which takes every word up to the next flag
+        if word.lower().endswith(IMAGE_EXTENSIONS) and not model_paths(word)[0].exists():
+            raise ValueError(f"--ensemble took the image {word} as a model: give the images before --ensemble "
+                             "(speedrun predict IMAGE... --ensemble MODEL MODEL) or after -- (speedrun predict "
+                             "--ensemble MODEL MODEL -- IMAGE...)")
+    if not positional:
+        raise ValueError("give image files: speedrun predict IMAGE... --ensemble MODEL MODEL ...")
+    return ensemble, positional
+
+
 def predict_command(args) -> int:
     """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout, each batch
-    as it is scored; a file that fails after some were printed says how many were."""
+    as it is scored; a file that fails after some were printed says how many were. With --ensemble, the mean
+    softmax of the models, noted on stderr."""
+    ensemble, images = _predict_inputs(args)
+
     def note_smoke(model) -> None:
         if model.smoke_test:
             err(_SMOKE_MODEL.format(model=args.model, what="predictions"))
 
+    def note_ensemble(models) -> None:
+        err(f"note: an ensemble of {len(models)} models ({', '.join(ensemble)}): each probability is the mean of "
+            "their softmax")
+        for path, model in zip(ensemble, models):
+            if model.smoke_test:
+                err(_SMOKE_MODEL.format(model=path, what="predictions"))
+
+    if ensemble is None:
+        predictions = iter_predictions(args.model, images, top=args.top, device=args.device, on_load=note_smoke)
+    else:
+        predictions = iter_ensemble_predictions(ensemble, images, top=args.top, device=args.device,
+                                                on_load=note_ensemble)
     printed = 0
     try:
-        for file, preds in iter_predictions(args.model, args.images, top=args.top, device=args.device,
-                                            on_load=note_smoke):
+        for file, preds in predictions:
             out(f"{file}: " + ", ".join(f"{name} {p:.3f}" for name, p in preds), flush=True)
             printed += 1
     except ValueError as e:
         if printed:
-            raise ValueError(f"{e} ({printed} of {len(args.images)} prediction(s) printed above)") from None
+            raise ValueError(f"{e} ({printed} of {len(images)} prediction(s) printed above)") from None
         raise
     return 0
 

@@ -1,24 +1,38 @@
-"""Fetching raw dataset files: stream, verify the MD5, write atomically, safely beside concurrent fetches.
+"""Fetching raw dataset files: mirrors tried in order, a partial file resumed, the checksum verified, the file
+published atomically and safely beside concurrent fetches, with a progress bar on a terminal.
 
 Nothing here knows about particular datasets; `sources.py` holds the URL and checksum table. Extraction is
 `archive.py`'s.
+
+Mirrors. A mirror URL names a folder, to which the file's name is appended (`https://host/cifar` and
+`https://host/cifar/` both give `https://host/cifar/cifar-10-python.tar.gz`), unless its last part is the file's
+own name: then it is the file itself. The URLs tried, in order (`mirror_urls`): each `--mirror URL` (the CLI's,
+through `given_mirrors`), each of $SPEEDRUN_MIRRORS (separated by spaces or commas), the file's published URL, then
+the mirrors its dataset's table lists. A file is accepted only when its checksum (MD5, or SHA-256 where that is
+what is published) matches, whichever mirror it came from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import http.client
+import math
 import os
+import re
+import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 from speedrun.data import limits
+from speedrun.errors import printable, warn
 from speedrun.paths import in_the_way
 
 try:
@@ -27,6 +41,12 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 _CHUNK = 1 << 20  # 1 MiB: big enough to keep urllib and hashlib overhead negligible
+# No byte for this long and the mirror counts as stalled: the next one is tried (SPEEDRUN_DOWNLOAD_TIMEOUT).
+DEFAULT_TIMEOUT_S = 30.0
+_SCHEMES = ("http", "https", "file")
+_REDRAW_S = 0.25  # the terminal bar's redraws: 4 a second reads as live without costing the transfer anything
+# The --mirror URLs of the command being run (the CLI sets them as it parses: cli/parser.py).
+_GIVEN_MIRRORS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("speedrun_mirrors", default=())
 
 
 @dataclass(frozen=True)
@@ -34,43 +54,204 @@ class Remote:
     """A named dataset's published files. The file name on disk is the last part of each URL."""
 
     kind: str  # "cifar" (one python-pickle archive) or "idx" (four IDX files)
-    files: tuple[tuple[str, str], ...]  # (url, md5)
+    files: tuple[tuple[str, str], ...]  # (url, checksum): the published MD5, or SHA-256 (64 hex digits)
     classes: tuple[str, ...] = ()  # empty: the class names come from the data (CIFAR meta)
+    mirrors: tuple[str, ...] = ()  # folders holding the same files, tried after each file's own URL
 
 
 def _no_log(_: str) -> None:
     pass
 
 
+def hash_name(checksum: str) -> str:
+    """"md5" or "sha256": the algorithm of a published checksum, told by its length (32 or 64 hex digits)."""
+    algorithm = {32: "md5", 64: "sha256"}.get(len(checksum))
+    if algorithm is None or re.fullmatch(r"[0-9a-fA-F]+", checksum) is None:
+        raise ValueError(f"checksum {checksum!r:.80} is neither an MD5 (32 hex digits) nor a SHA-256 (64); give the "
+                         "published one")
+    return algorithm
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "md5") -> str:
+    """Hex digest of a file, read in chunks so a 170 MB archive never sits in memory twice."""
+    with open(path, "rb") as f:
+        return _digest(f, algorithm)
+
+
 def md5_file(path: str | os.PathLike) -> str:
-    """Hex MD5 of a file, read in chunks so a 170 MB archive never sits in memory twice."""
+    return file_digest(path, "md5")
+
+
+def _digest(f: BinaryIO, algorithm: str) -> str:
     # usedforsecurity=False: MD5 is only an integrity check against published values, and FIPS builds
     # refuse plain hashlib.md5().
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
+    h = hashlib.new(algorithm, usedforsecurity=False)
+    f.seek(0)
+    for chunk in iter(lambda: f.read(_CHUNK), b""):
+        h.update(chunk)
     return h.hexdigest()
 
 
-def _reuse(dest: Path, md5: str, log: Callable[[str], None]) -> Path:
-    """`dest` if its MD5 is right; it is never deleted or overwritten, so a wrong one is the user's to decide."""
+def _reuse(dest: Path, checksum: str, log: Callable[[str], None]) -> Path:
+    """`dest` if its checksum is right; it is never deleted or overwritten, so a wrong one is the user's to decide."""
+    algorithm = hash_name(checksum)
     try:
-        actual = md5_file(dest)
+        actual = file_digest(dest, algorithm)
     except OSError as e:
         raise ValueError(f"cannot read {dest} ({e}); fix its permissions or delete it to download it again") from None
-    if actual != md5:
+    if actual != checksum.lower():
         raise ValueError(
-            f"{dest} exists but its md5 is {actual}, expected {md5}; delete {dest} to download it again "
+            f"{dest} exists but its {algorithm} is {actual}, expected {checksum}; delete {dest} to download it again "
             f"or pass data_dir (--data-dir) with a good copy"
         )
-    log(f"using {dest} (md5 ok)")
+    log(f"using {dest} ({algorithm} ok)")
     return dest
 
 
+# ---- mirrors and settings ----------------------------------------------------------------------------------------
+
+
+def check_mirror(url: str, where: str) -> str:
+    """`url` if it is an http, https or file URL; a one-line refusal naming `where` it came from otherwise."""
+    text = url.strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:  # a malformed IPv6 host, say
+        parts = None
+    scheme = parts.scheme.lower() if parts is not None else ""
+    if (scheme not in _SCHEMES or (scheme != "file" and not parts.netloc)
+            or any(c.isspace() or not c.isprintable() for c in text)):
+        raise ValueError(f"{where} {printable(url)!r:.200} is not an http, https or file URL; give a folder URL such "
+                         "as https://host/datasets/ (the file's name is appended) or the file's own URL")
+    return text
+
+
 @contextlib.contextmanager
-def _download_lock(dest: Path, log: Callable[[str], None]) -> Iterator[None]:
-    """Hold an advisory lock on `.<dest name>.lock` beside `dest`, so one process downloads and others wait.
+def given_mirrors(urls: Sequence[str]) -> Iterator[None]:
+    """Try `urls` first (before $SPEEDRUN_MIRRORS and the published URLs) for the downloads inside the block."""
+    token = _GIVEN_MIRRORS.set(tuple(check_mirror(u, "mirror") for u in urls))
+    try:
+        yield
+    finally:
+        _GIVEN_MIRRORS.reset(token)
+
+
+def env_mirrors() -> tuple[str, ...]:
+    """$SPEEDRUN_MIRRORS: URLs separated by spaces or commas (a URL holding a comma must be given by --mirror)."""
+    text = os.environ.get("SPEEDRUN_MIRRORS", "")
+    return tuple(check_mirror(u, "SPEEDRUN_MIRRORS entry") for u in re.split(r"[\s,]+", text) if u)
+
+
+def mirror_url(mirror: str, name: str) -> str:
+    """Where the mirror `mirror` keeps the file `name`: the mirror itself when its last part is `name`, else
+    `name` inside it (the module's docstring)."""
+    if urllib.parse.urlsplit(mirror).path.rsplit("/", 1)[-1] == urllib.parse.quote(name):
+        return mirror
+    return f"{mirror.rstrip('/')}/{urllib.parse.quote(name)}"
+
+
+def mirror_urls(published: str, shipped: Sequence[str] = ()) -> list[str]:
+    """Every URL to try for the file published at `published`, in order and without repeats: the given mirrors
+    (--mirror), $SPEEDRUN_MIRRORS, the published URL, then `shipped` (the dataset table's mirrors)."""
+    name = urllib.parse.unquote(published.rsplit("/", 1)[-1])
+    given = [*_GIVEN_MIRRORS.get(), *env_mirrors()]
+    urls = [*(mirror_url(m, name) for m in given), published, *(mirror_url(m, name) for m in shipped)]
+    return list(dict.fromkeys(urls))
+
+
+def download_timeout() -> float:
+    """Seconds without a byte after which a mirror counts as stalled: $SPEEDRUN_DOWNLOAD_TIMEOUT, else 30."""
+    text = os.environ.get("SPEEDRUN_DOWNLOAD_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:  # NaN fails this too
+        raise ValueError(f"SPEEDRUN_DOWNLOAD_TIMEOUT={printable(text)!r:.60} is not a number of seconds above 0 and "
+                         f"at most 86400; set e.g. 120, or unset it for {DEFAULT_TIMEOUT_S:g} s")
+    return value
+
+
+# ---- the progress bar --------------------------------------------------------------------------------------------
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_line(name: str, done: int, total: int | None, rate: float | None, width: int = 20) -> str:
+    """The progress bar's text, e.g. `cifar-10-python.tar.gz [#####---------------]  26%  45.2 MB/170.5 MB
+    1.2 MB/s  ETA 1:44`. total: the file's size, None when the server did not say (then only the bytes and the
+    rate); rate: bytes a second of the transfer in progress, None (or 0) before it is known."""
+    speed = f"{_size(rate)}/s" if rate else "-- B/s"
+    if not total:
+        return f"{name}  {_size(done)}  {speed}"
+    fraction = min(max(done / total, 0.0), 1.0)
+    filled = int(fraction * width)
+    eta = _clock((total - done) / rate) if rate and done < total else ("0:00" if done >= total else "--:--")
+    return (f"{name} [{'#' * filled}{'-' * (width - filled)}] {int(fraction * 100):3d}%  {_size(done)}/{_size(total)}"
+            f"  {speed}  ETA {eta}")
+
+
+class _Progress:
+    """progress_line on stderr while a file arrives, redrawn in place with \\r on a terminal and erased at the end
+    (the caller logs the final line). Only on a terminal nothing else draws on: while a rich live display (the CLI's
+    status line) holds stderr, sys.stderr is its proxy (rich_proxied_file), which would print every redraw as a
+    line, so then the text goes to `log` at each tenth of the file, and that display shows it as its status. Not a
+    terminal (a log file, CI): nothing; the final line is all."""
+
+    def __init__(self, name: str, log: Callable[[str], None], stream=None):
+        stream = sys.stderr if stream is None else stream
+        try:
+            terminal = bool(stream.isatty())
+        except (AttributeError, OSError, ValueError):  # no stream, or a closed one
+            terminal = False
+        self.mode = ("log" if hasattr(stream, "rich_proxied_file") else "draw") if terminal else "off"
+        self.name, self.log, self.stream = printable(name), log, stream
+        self.drawn_at = -math.inf
+        self.tenth = -1
+        self.shown = False
+
+    def update(self, done: int, total: int | None, rate: float | None) -> None:
+        if self.mode == "draw":
+            now = time.monotonic()
+            if now - self.drawn_at >= _REDRAW_S:
+                self.drawn_at = now
+                self._write(f"\r{progress_line(self.name, done, total, rate)}\x1b[K")
+        elif self.mode == "log" and total:
+            tenth = min(10 * done // total, 10)
+            if tenth > self.tenth:
+                if 0 < tenth < 10 and self.tenth >= 0:
+                    self.log(progress_line(self.name, done, total, rate))
+                self.tenth = tenth
+
+    def close(self) -> None:
+        if self.shown:
+            self._write("\r\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+            self.shown = True
+        except (OSError, ValueError):  # the terminal went away: the download goes on without a bar
+            self.mode = "off"
+
+
+@contextlib.contextmanager
+def _download_lock(dest: Path, log: Callable[[str], None]) -> Iterator[bool]:
+    """Hold an advisory lock on `.<dest name>.lock` beside `dest`, so one process downloads and others wait; yields
+    whether it holds one.
 
     The lock file is removed by its holder before unlocking. A waiter may then hold a lock on a file that is no
     longer at that path (or has been replaced), so after locking it checks that the path still names the file it
@@ -80,7 +261,7 @@ def _download_lock(dest: Path, log: Callable[[str], None]) -> Iterator[None]:
     """
     fd = _lock_file(dest.with_name(f".{dest.name}.lock"), dest.name, log) if fcntl is not None else None
     try:
-        yield
+        yield fd is not None
     finally:
         if fd is not None:
             try:
@@ -115,31 +296,57 @@ def _lock_file(lock_path: Path, name: str, log: Callable[[str], None]) -> int | 
         os.close(fd)  # the holder before us removed this file; lock the one there now
 
 
+@dataclass
+class _Failure:
+    """Why one mirror did not give the file. wrong: it sent another file (a checksum or size that is not the
+    published one); restart: it did not continue the partial file (a wrong checksum after resuming, a Content-Range
+    elsewhere), so either is not the file: _from_mirrors may ask it again from byte 0."""
+
+    reason: str
+    wrong: bool = False
+    restart: bool = False
+
+
 def fetch(
-    url: str,
+    urls: str | Sequence[str],
     dest: str | os.PathLike,
-    md5: str,
+    checksum: str,
     log: Callable[[str], None] | None = None,
     *,
-    timeout: float = 60.0,
+    timeout: float | None = None,
     max_bytes: int = limits.MAX_DOWNLOAD_BYTES,
 ) -> Path:
-    """Make `dest` a verified copy of `url`, downloading only if it is not already there.
+    """Make `dest` a verified copy of the file at `urls` (one URL, or mirrors tried in order), downloading only if
+    it is not already there.
 
-    Safe for concurrent callers (several ranks or jobs sharing one cache): each process streams into its own
-    temporary `.<name>.*.part` beside `dest` and publishes it only after the MD5 matches, with a hard link that
-    fails rather than replace an existing `dest`; so a crash, a truncated transfer or a wrong file never leaves
-    something at `dest` that looks finished, and two writers never share a file. An advisory lock makes a
-    second process wait and reuse the first one's file instead of downloading it again. An existing `dest` is
-    never deleted or overwritten: with the right MD5 it is reused, with the wrong one this raises and the user
-    decides. A response longer than `max_bytes` is cut off and refused as it arrives (the MD5 is known only at
-    the end), so a server sending without end cannot fill the disk.
+    The bytes go to a partial file beside `dest`; `dest` gets its name only once the whole file's checksum (MD5,
+    or SHA-256 for a 64-digit `checksum`) matches, with a hard link that fails rather than replace an existing
+    `dest`. So a crash, a cut connection or a wrong file never leaves something at `dest` that looks finished. An
+    existing `dest` is never deleted or overwritten: with the right checksum it is reused, with the wrong one
+    this raises and the user decides.
+
+    Resuming: with the advisory lock held (one process downloads, the others wait and reuse its file), the
+    partial file is `.<name>.part` and outlives a failure or Ctrl-C; the next fetch asks the next mirror only for
+    the rest (an HTTP Range request), or starts again from byte 0 when the server ignores the Range. Without a
+    lock (Windows, a file system refusing locks) each process writes its own temporary `.<name>.*.part`, removed
+    on failure, so two writers never share a file.
+
+    Mirrors: a connection that fails, stalls for `timeout` seconds (default: download_timeout()) or closes early
+    moves on to the next URL, keeping the bytes for it to resume; a file whose checksum is wrong is deleted (the
+    partial file only) and the next URL tried, with a warning naming the mirror and both checksums. When every URL
+    fails, one error names each with its reason, the checksum and where to put the file by hand. A response
+    longer than `max_bytes` is cut off and refused as it arrives, so a server sending without end cannot fill the
+    disk.
     """
     log = log or _no_log
+    urls = [urls] if isinstance(urls, str) else list(urls)
     dest = Path(dest)
+    algorithm = hash_name(checksum)
+    checksum = checksum.lower()
     if dest.exists():
-        return _reuse(dest, md5, log)
-    offline_fix = f"put {dest.name} (md5 {md5}) in {dest.parent} or pass data_dir (--data-dir)"
+        return _reuse(dest, checksum, log)
+    timeout = download_timeout() if timeout is None else timeout
+    offline_fix = f"put {dest.name} ({algorithm} {checksum}) in {dest.parent} or pass data_dir (--data-dir)"
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -148,79 +355,197 @@ def fetch(
             raise ValueError(f"cannot create {dest.parent} ({blocked}); remove or rename it, or set SPEEDRUN_DATA "
                              f"to another folder, or {offline_fix}") from None
         raise ValueError(f"cannot create {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
-    with _download_lock(dest, log):
+    with _download_lock(dest, log) as locked:
         if dest.exists():  # another process published it while we waited
-            return _reuse(dest, md5, log)
+            return _reuse(dest, checksum, log)
+        # Opened before any URL is: a folder we cannot write in is refused without network traffic.
         try:
-            fd, part_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-        except OSError as e:
-            raise ValueError(f"cannot write in {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
-        part = Path(part_name)
-        try:
-            with os.fdopen(fd, "wb") as out:
+            if locked:
+                part = dest.with_name(f".{dest.name}.part")
+                # What an earlier fetch left is kept, to resume it.
+                out = os.fdopen(os.open(part, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
+            else:
+                fd, part_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+                part = Path(part_name)
+                out = os.fdopen(fd, "w+b")
                 if hasattr(os, "fchmod"):  # mkstemp makes it private; a download is as readable as its folder
                     os.fchmod(out.fileno(), 0o644)
+        except OSError as e:
+            raise ValueError(f"cannot write in {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
+        done = False
+        try:
+            with out:
                 start = time.perf_counter()
-                received = _download(url, out, md5, dest, offline_fix, timeout, max_bytes, log)
-            if publish(part, dest):
-                log(f"downloaded {dest.name}: {received / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s, "
-                    f"md5 ok")
+                size = _from_mirrors(urls, out, part, dest, checksum, offline_fix, timeout, max_bytes, log,
+                                     resumable=locked)
+            published = publish(part, dest)
+            done = True
+            if published:
+                log(f"downloaded {dest.name}: {size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s, "
+                    f"{algorithm} ok")
                 return dest
             log(f"another process published {dest.name} first")
-            return _reuse(dest, md5, log)
+            return _reuse(dest, checksum, log)
         except OSError as e:
             if isinstance(e, FileNotFoundError):
                 raise
             raise ValueError(f"cannot write {dest} ({e}); free space or fix permissions, or {offline_fix}") from None
         finally:
-            # On success `part` was linked to `dest` and is only a second name; on failure a useless fragment.
-            part.unlink(missing_ok=True)
+            # Published, `part` is only a second name of `dest`. Otherwise (every mirror failed, Ctrl-C) what arrived
+            # stays for the next fetch to resume, when there is one: a private temporary file has none.
+            if done or not locked or not _nonempty(part):
+                part.unlink(missing_ok=True)
 
 
-def _download(url: str, out, md5: str, dest: Path, offline_fix: str, timeout: float, max_bytes: int,
-              log: Callable[[str], None]) -> int:
-    """Stream `url` into `out`, check the MD5, and return the byte count."""
-    h = hashlib.md5(usedforsecurity=False)
-    received = 0
+def _nonempty(path: Path) -> bool:
     try:
-        response = urllib.request.urlopen(url, timeout=timeout)
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise FileNotFoundError(f"cannot download {url} ({reason}); {offline_fix}") from None
-    log(f"downloading {url} -> {dest}")  # once connected: offline, the error above is the only line
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _length(out: BinaryIO) -> int:
+    out.flush()
+    return os.fstat(out.fileno()).st_size
+
+
+def _from_mirrors(urls: list[str], out: BinaryIO, part: Path, dest: Path, checksum: str, offline_fix: str,
+                  timeout: float, max_bytes: int, log: Callable[[str], None], *, resumable: bool) -> int:
+    """Fill `out` with the verified file from the first URL that gives it, and return its size; when none does,
+    raise one line naming each URL with its reason. resumable: `part` outlives a failure (fetch)."""
+    algorithm = hash_name(checksum)
+    held = _length(out)
+    if held:
+        # Left by an earlier fetch: complete when it stopped between the last byte and the check.
+        if _digest(out, algorithm) == checksum:
+            log(f"{part.name} left by an earlier download is the whole {dest.name}")
+            return held
+        log(f"resuming {dest.name} from byte {held} ({part.name})")
+    progress = _Progress(dest.name, log)
+    failures: list[tuple[str, _Failure]] = []
+    suspects: list[str] = []  # mirrors that did not continue the partial file: it, or they, are not the file
+    try:
+        for i, url in enumerate(urls):
+            failure = _transfer(url, out, dest, checksum, timeout, max_bytes, log, progress)
+            if failure is None:
+                return _length(out)
+            failures.append((url, failure))
+            if failure.restart:
+                suspects.append(url)
+            if i + 1 < len(urls):
+                warn(f"{dest.name}: mirror {url} failed ({failure.reason}); trying the next, {urls[i + 1]}")
+        if suspects and _length(out):
+            # Every mirror failed, and some would not continue the partial file: its start may be what is wrong (a
+            # wrong file cut short earlier), so the first of them is asked once more for the whole file.
+            log(f"starting {dest.name} again from byte 0 from {suspects[0]}")
+            out.seek(0)
+            out.truncate()
+            failure = _transfer(suspects[0], out, dest, checksum, timeout, max_bytes, log, progress)
+            if failure is None:
+                return _length(out)
+            failures.append((f"{suspects[0]} from byte 0", failure))
+    finally:
+        progress.close()
+    tried = "; ".join(f"{url} ({failure.reason})" for url, failure in failures)
+    left = _length(out)
+    kept = f"; the {left} bytes received are kept in {part} to resume from" if resumable and left else ""
+    text = (f"cannot download {dest.name}: tried {tried}{kept}; {offline_fix}, or give a mirror that holds it "
+            f"(--mirror URL, SPEEDRUN_MIRRORS)")
+    if all(failure.wrong for _, failure in failures):
+        raise ValueError(text)
+    raise FileNotFoundError(text)
+
+
+def _transfer(url: str, out: BinaryIO, dest: Path, checksum: str, timeout: float, max_bytes: int,
+              log: Callable[[str], None], progress: _Progress) -> _Failure | None:
+    """One request for the rest of the file (all of it when `out` is empty); None when `out` then holds the file."""
+    algorithm = hash_name(checksum)
+    offset = _length(out)
+    request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        e.close()
+        if e.code == 416 and offset:  # nothing past byte `offset` here: the partial file is not this mirror's file
+            return _Failure(f"HTTP 416: it holds no byte {offset}", restart=True)
+        return _Failure(f"HTTP {e.code} {printable(str(e.reason))}")
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        return _Failure(_why(e, timeout))
     with response:
-        length = response.headers.get("Content-Length") if response.headers else None
-        expected_len = int(length) if length and length.isdigit() else None
+        headers = response.headers or {}
+        status = getattr(response, "status", None)
+        length = _number(headers.get("Content-Length"))
+        total = length
+        if offset and status == 206:
+            span = _content_range(headers.get("Content-Range"))
+            if span is None or span[0] != offset:
+                return _Failure(f"its Content-Range {printable(str(headers.get('Content-Range')))!r:.80} does not "
+                                f"continue byte {offset}", restart=True)
+            total = span[1] if span[1] is not None else (offset + length if length is not None else None)
+        elif offset:  # 200 (or a file: URL): the server ignored the Range and sends the whole file
+            log(f"{url} ignored the request to resume at byte {offset}: starting {dest.name} again from byte 0")
+            out.seek(0)
+            out.truncate()
+            offset = 0
+        elif status == 206:  # a part we did not ask for
+            return _Failure("it answered a request for the whole file with a part (HTTP 206)")
+        if total is not None and total > max_bytes:
+            return _Failure(f"it sent more than {max_bytes} bytes (its length says {total}), more than {dest.name} "
+                            "holds: not the published file", wrong=True)
+        log(f"downloading {url} -> {dest}" + (f" from byte {offset}" if offset else ""))
+        out.seek(offset)
+        read = getattr(response, "read1", None) or response.read  # read1: what has arrived, so stalls show at once
+        received, start = 0, time.monotonic()
         while True:
             try:
-                chunk = response.read(_CHUNK)
+                chunk = read(_CHUNK)
             except http.client.IncompleteRead as e:
-                # The server closed early: keep what arrived so the checksum message below is honest.
-                chunk = e.partial
-                h.update(chunk)
-                out.write(chunk)
-                received += len(chunk)
-                break
-            except (urllib.error.URLError, OSError) as e:
-                raise FileNotFoundError(
-                    f"download of {url} broke off after {received} bytes ({e}); {offline_fix}"
-                ) from None
+                out.write(e.partial)
+                received += len(e.partial)
+                return _Failure(f"the connection closed after {offset + received} of {total} bytes")
+            except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+                return _Failure(f"{_why(e, timeout)} after {offset + received} bytes")
             if not chunk:
                 break
-            h.update(chunk)
             out.write(chunk)
             received += len(chunk)
-            if received > max_bytes:
-                raise ValueError(f"{url} sent more than {max_bytes} bytes, more than {dest.name} holds; the server "
-                                 f"is not sending the published file: {offline_fix}")
-    actual = h.hexdigest()
-    if actual != md5:
-        size_note = f", got {received} of {expected_len} bytes" if expected_len not in (None, received) else ""
-        raise ValueError(
-            f"downloaded {dest.name} has md5 {actual}, expected {md5}{size_note}; the download is "
-            f"truncated or the file changed upstream: retry, or {offline_fix}"
-        )
-    return received
+            if offset + received > max_bytes:
+                out.seek(offset)
+                out.truncate()
+                return _Failure(f"it sent more than {max_bytes} bytes, more than {dest.name} holds: not the published "
+                                "file", wrong=True)
+            elapsed = time.monotonic() - start
+            progress.update(offset + received, total, received / elapsed if elapsed > 0 else None)
+    if total is not None and offset + received < total:
+        return _Failure(f"the connection closed after {offset + received} of {total} bytes")
+    actual = _digest(out, algorithm)  # of the whole file: a resumed file's start came from an earlier transfer
+    if actual != checksum:
+        # Only this mirror's bytes go: a resumed start stays for the next mirror to continue, as either may be wrong.
+        out.seek(offset)
+        out.truncate()
+        return _Failure(f"its {dest.name} has {algorithm} {actual}, not the published {checksum}", wrong=True,
+                        restart=offset > 0)
+    return None
+
+
+def _why(e: BaseException, timeout: float) -> str:
+    """A failed connection or read in a few words."""
+    reason = getattr(e, "reason", e)
+    if isinstance(reason, TimeoutError) or isinstance(e, TimeoutError):
+        return f"stalled: no data for {timeout:g} s"
+    return printable(str(reason)) or type(e).__name__
+
+
+def _number(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _content_range(text: str | None) -> tuple[int, int | None] | None:
+    """(first byte, total size or None for `*`) of a `bytes FIRST-LAST/TOTAL` Content-Range; None if malformed."""
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", text or "")
+    if match is None:
+        return None
+    return int(match[1]), None if match[3] == "*" else int(match[3])
 
 
 def publish(part: Path, dest: Path) -> bool:

@@ -1,6 +1,7 @@
 """Where datasets come from: `load_dataset(spec)` turns a name or a path into a `Dataset`.
 
-Named datasets are downloaded once (MD5-verified) into `<cache_dir>/downloads/`; every decoded dataset
+Named datasets are downloaded once (MD5-verified, from the first of their mirrors that gives the file:
+`download.mirror_urls`) into `<cache_dir>/downloads/`; every decoded dataset
 except `synthetic` is then saved as one torch file in `<cache_dir>/cache/` and read from there next time.
 The cache (`cache.py`) is keyed by a fingerprint of the source, so editing an image folder or swapping files in
 --data-dir rebuilds it.
@@ -24,7 +25,7 @@ from speedrun.data import cifar, folder, idx, limits, synthetic
 from speedrun.data.archive import safe_extract
 from speedrun.data.cache import CACHED_AFTERWARDS, cache_path, cached, fingerprint_files
 from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
-from speedrun.data.download import Remote, fetch, md5_file
+from speedrun.data.download import Remote, fetch, md5_file, mirror_urls
 from speedrun.errors import escaped_log, escaped_refusals, printable, warn
 from speedrun.paths import data_root, make_folder, user_path
 
@@ -162,7 +163,7 @@ def _load_named(name: str, data_dir: str | os.PathLike | None, cache_root: Path,
                     f"{dest.name} is not in {downloads} and downloading is off; put {dest.name} (md5 {md5}) "
                     f"there or pass --data-dir"
                 )
-            paths.append(fetch(url, dest, md5, log))
+            paths.append(fetch(mirror_urls(url, remote.mirrors), dest, md5, log))
         if remote.kind == "cifar":
             return _dataset(name, *_read_archive(paths[0], cache_root, log, expect=name, note=note)[1])
         return _dataset(name, *_read_idx(dict(zip(idx.FILES, paths)), remote.classes))

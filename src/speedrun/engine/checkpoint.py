@@ -319,11 +319,13 @@ def find_checkpoint(where: str | Path, log: Callable[[str], None],
 
 
 def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozenset[str] = frozenset(),
-                     afresh: str = AFRESH) -> None:
+                     afresh: str = AFRESH, defaults: dict | None = None) -> None:
     """Raise ValueError naming the first setting of `expected` (a dict value: field by field) that differs in `meta`,
     skipping fields named in `may_differ` (bare or dotted: "data.name"). Config fields are named bare, as --set takes
     them (`lr_per_1024=11.5`); others as key.field (`data.num_classes=10`). afresh: how to start afresh instead, for
-    the flags given (resume.py's Plan.afresh)."""
+    the flags given (resume.py's Plan.afresh). defaults: the config fields' defaults (config.field_defaults): a
+    field the checkpoint's config lacks, a setting added since it was made, is taken at its default, which is the
+    behaviour before the setting existed."""
     def same(a: Any, b: Any) -> bool:  # as JSON: a tuple equals its list, nan equals nan, 1 differs from 1.0 and True
         return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
 
@@ -342,6 +344,8 @@ def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozens
                 if field in may_differ or name in may_differ:
                     continue
                 a, b = old.get(field, _MISSING), new.get(field, _MISSING)
+                if a is _MISSING and key == "config" and defaults is not None:
+                    a = defaults.get(field, _MISSING)
                 if a is _MISSING or b is _MISSING or not same(a, b):
                     raise differ(name, a, b)
         elif old is _MISSING or not same(old, new):

@@ -262,16 +262,27 @@ class Steps:
 
     A row comes from the family: batch_row(seconds) is the last global batch's numbers (every process must call it
     alike: it sums over processes), table_row(seconds) the row shown at an epoch's end (batch_row plus what the
-    family adds: a per-epoch evaluation, the resolution)."""
+    family adds: a per-epoch evaluation, the resolution).
+
+    on_scalars(step, loss, loss_scale, lr), when given, is called after every step inside the timed region with the
+    step's loss (0-d, detached, still on the device: reading it there would wait for the step each time, so the
+    callee keeps it and reads it later; run/tensorboard.py reads at the next row, where the timer is stopped),
+    loss_scale (loss * loss_scale is the mean per example of this process's share) and the lr. Without it the
+    loop does nothing more than it would."""
 
     def __init__(self, timer: Timer, total_steps: int, *, checkpoints=None,
-                 on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None):
+                 on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None,
+                 on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None):
         self.timer, self.total_steps, self.checkpoints = timer, total_steps, checkpoints
-        self.on_step, self.on_epoch = on_step, on_epoch
+        self.on_step, self.on_epoch, self.on_scalars = on_step, on_epoch, on_scalars
 
     def after(self, state: LoopState, epoch: float, stopping: bool, *, batch_row: Callable[[float], dict],
-              table_row: Callable[[float], dict] | None = None) -> None:
-        """After step `state.step` (already counted), at `epoch` epochs of data; stopping: a signal arrived."""
+              table_row: Callable[[float], dict] | None = None, loss: torch.Tensor | None = None,
+              loss_scale: float = 1.0, lr: float | None = None) -> None:
+        """After step `state.step` (already counted), at `epoch` epochs of data; stopping: a signal arrived.
+        loss, loss_scale, lr: the step's, for on_scalars."""
+        if self.on_scalars is not None and loss is not None:
+            self.on_scalars(state.step, loss.detach(), loss_scale, lr)
         if self.on_step is not None:
             self.on_step(state.step, self.total_steps)
         at_row = int(epoch) > state.epochs_done and state.step < self.total_steps

@@ -36,6 +36,7 @@ from speedrun.records.result_file import (claim_result_path, default_result_path
                                           write_json)
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, mean_diff_test, summarize
 from speedrun.run import runner
+from speedrun.run import tensorboard as boards
 from speedrun.tricks.precision import default_cpu_threads
 
 
@@ -90,15 +91,19 @@ def stopped_by(stop: BaseException | None) -> dict:
             "failed": None if failed is None else " ".join(failed.split())[:500]}
 
 
-def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None) -> RunResult:
+def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None, board=None,
+                 dataset: str = "") -> RunResult:
     """One training run of a benchmark (by every process of `world` under torchrun): a divergence is a run too
-    (its step, no accuracy), and the model is dropped (a benchmark keeps numbers, not weights)."""
-    try:
-        run = family.train_run(cfg, data, dev, seed, world=world)
-    except Diverged as e:
-        log(f"warning: {name}, seed {seed}: {e}")
-        run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
-                        diverged=e.to_dict())
+    (its step, no accuracy), and the model is dropped (a benchmark keeps numbers, not weights). board: a
+    tensorboard.Board (rank 0's, with --tensorboard) that gets the run as <setting>/seed-<n>."""
+    with boards.run_log(board, cfg, seed=seed, dataset=dataset, num_train=data.num_train, setting=name) as scalars:
+        hooks = {} if scalars is None else {"on_epoch": scalars.row, "on_scalars": scalars.scalars}
+        try:
+            run = family.train_run(cfg, data, dev, seed, world=world, **hooks)
+        except Diverged as e:
+            log(f"warning: {name}, seed {seed}: {e}")
+            run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
+                            diverged=e.to_dict())
     run.model = None
     return run
 
@@ -154,11 +159,13 @@ def round_orders(count: int, rounds: int, seed: int) -> list[list[int]]:
 def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
           runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
-          overrides: dict[str, Any] | None = None, log=print_line) -> dict:
+          overrides: dict[str, Any] | None = None, log=print_line, tensorboard=None) -> dict:
     """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module).
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
-    waterfall of ablate.py: cumulative configs)."""
+    waterfall of ablate.py: cumulative configs).
+    tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
+    made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged)."""
     rec = runner.get_recipe(recipe)
     family = rec.module()
     runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
@@ -179,8 +186,10 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     world = dist.init(world, dev)  # under torchrun every run is one run of all K processes (runs.train's)
     results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
     order = []
-    interrupt, clean = None, False
+    interrupt, clean, board = None, False, None
     try:
+        if tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
+            board = dist.main_first(world, lambda: boards.open_board(tensorboard, rec.name), everyone=False)
         data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
                                                               image_size=image_size, log=log))
         for _, _, cfg in settings:
@@ -193,7 +202,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
             for r, places in enumerate(round_orders(len(settings), runs, seed)):
                 for name, _, cfg in (settings[i] for i in places):
                     log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
-                    results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world))
+                    results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world, board,
+                                                      dataset))
                     order.append({"round": r, "setting": name, "seed": seed + r})
         except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
             if not order:                               # make a partial report, marked as such (then e is raised)
@@ -201,6 +211,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
             interrupt = e
         clean = interrupt is None or getattr(interrupt, "in_step", False)
     finally:
+        if board is not None:
+            board.close()
         dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
     env, stop = environment(dev), stopped_by(interrupt)
     base_name = settings[0][0]

@@ -37,6 +37,8 @@ RECIPES = {r.name: r for r in [
     Recipe("cifar10-94", "cifar", "cifar10_94", "cifar10", "airbench94-class net, SGD + Lookahead, 9.9 epochs: 94%"),
     Recipe("cifar10-94-muon", "cifar", "cifar10_94_muon", "cifar10",
            "the same net with Muon on the conv filters, batch 2000, 8 epochs: 94%"),
+    Recipe("cifar10-94-hiverge", "cifar", "cifar10_94_hiverge", "cifar10",
+           "cifar10-94-muon with Hiverge's 2025 changes as switches, batch 1536, 7.59 epochs: 94%"),
     Recipe("cifar10-95", "cifar", "cifar10_95", "cifar10", "widths 128/384/384, 15 epochs: 95%"),
     Recipe("cifar10-96", "cifar", "cifar10_96", "cifar10",
            "residual groups 128/384/512, translate 4 + cutout 12, 37 epochs: 96%"),

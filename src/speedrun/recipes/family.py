@@ -70,8 +70,9 @@ class Family(Protocol):
         """Seconds of an untimed run (compile, autotune) before the timed ones; 0.0 when none is needed."""
 
     def train_run(self, cfg: Any, data: Any, device: Any, seed: int, *, world: Any = None, on_step: Any = None,
-                  on_epoch: Any = None, checkpoints: Any = None, resume: Any = None) -> Any:
-        """One run: an engine.loop.RunResult (accuracy, timed seconds, history, the trained model)."""
+                  on_epoch: Any = None, checkpoints: Any = None, resume: Any = None, on_scalars: Any = None) -> Any:
+        """One run: an engine.loop.RunResult (accuracy, timed seconds, history, the trained model). on_scalars:
+        engine.loop.Steps's per-step hook (--tensorboard), None when off."""
 
     def model_card(self, cfg: Any, data: Any) -> dict:
         """What a saved model needs besides its weights: classes, image shape, normalization, TTA level."""

@@ -78,7 +78,7 @@ COLUMNS = ["id", "date", "kind", "recipe", "dataset", "device", "device_name", "
 # What stored a result (query's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is. The
 # instruments store each setting's runs with their own command line (bench.run_and_store); ablate's two searches
 # are told apart by their flag.
-KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune")
+KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune", "sweep")
 Imported = NamedTuple("Imported", [("path", Path), ("id", "int | None"), ("error", "str | None"), ("new", bool)])
 
 
@@ -551,7 +551,7 @@ def result_kind(command: str | None, smoke: bool) -> str:
     if smoke:
         return "smoke"
     words = (command or "").split("  # setting ")[0].split()
-    kind = next((word for word in words if word in ("train", "bench", "ablate", "tune")), "train")
+    kind = next((word for word in words if word in ("train", "bench", "ablate", "tune", "sweep")), "train")
     if kind == "ablate":
         return "to-target" if "--to-target" in words else "waterfall" if any(
             w == "--waterfall" or w.startswith("--waterfall=") for w in words) else "ablate"

@@ -7,6 +7,12 @@ shape (a UTF-8 byte order mark, which some editors write, is allowed); the value
 recipe's config like any `--set`. It may hold only the performance settings tune measures (KEYS): a file set once
 in $SPEEDRUN_SETTINGS must not change what a run measures (its epochs, its target) unseen. A file measured for
 another recipe or device type is refused: what pays on one is not known to pay on another.
+
+`speedrun sweep --write-settings FILE` writes the same shape with "written_by": "sweep": the best trial's
+configuration, any key of the recipe's config (SweepSettings). Such a file changes what a run trains, so it applies
+only when given with --settings (from $SPEEDRUN_SETTINGS it is skipped with a warning); its keys are checked against
+the recipe's config (an unknown one is refused), and one written for another recipe is refused. Hyperparameters
+found on one device type are the recipe's, not the device's: another device type is a warning there.
 """
 
 from __future__ import annotations
@@ -28,20 +34,28 @@ MAX_VALUE_CHARS = 200
 # recommends them only where the accuracy held (tests/test_redteam_models_settings.py keeps the two lists equal).
 KEYS = frozenset({"precision", "channels_last", "compile", "compile_mode", "cudnn_benchmark", "cpu_threads",
                   "batch_size", "optimizer_kernel", "eval_batch_size", "workers", "pin_memory", "prefetch_factor"})
+# What wrote a file ("written_by"; absent: tune, which wrote every file before sweeps did).
+WRITERS = ("tune", "sweep")
+
+
+class SweepSettings(dict):
+    """The overrides of a file `speedrun sweep` wrote: check_keys takes any key of the recipe's config from it."""
 
 
 def write_settings(path: Path, *, recipe: str, device: str, device_name: str | None, settings: dict[str, str],
-                   measured: dict) -> Path:
+                   measured: dict, written_by: str = "tune") -> Path:
     """Write a settings file at `path` (already claimed: never replaces a file). `measured`: where the numbers
-    came from (the tune command, its time, the report's id)."""
+    came from (the tune or sweep command, its time, the report's id). written_by: "tune" or "sweep"."""
+    assert written_by in WRITERS, written_by
     return write_json(path, {"speedrun_settings": VERSION, "recipe": recipe, "device": device,
-                             "device_name": device_name, "settings": settings, "measured": measured})
+                             "device_name": device_name, "settings": settings, "measured": measured,
+                             **({} if written_by == "tune" else {"written_by": written_by})})
 
 
 def read_settings(path: str | os.PathLike) -> dict:
     """The settings file at `path`, checked (ValueError, one line naming the file and the fix)."""
     shown, path = os.fspath(path), Path(path)  # shown as given: the caller names the same text
-    fix = "write it with speedrun tune RECIPE --apply FILE"
+    fix = "write it with speedrun tune RECIPE --apply FILE or speedrun sweep RECIPE ... --write-settings FILE"
     try:
         raw = read_bounded(path, MAX_SETTINGS_BYTES)
     except OSError as e:
@@ -62,12 +76,21 @@ def read_settings(path: str | os.PathLike) -> dict:
     for key, value in settings.items():
         if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS or len(key) > MAX_VALUE_CHARS:
             raise ValueError(f"settings file {shown}: {key[:40]!r} must map to a string as --set takes it; {fix}")
+    if obj.get("written_by", "tune") not in WRITERS:
+        raise ValueError(f"settings file {shown}: written_by is {str(obj.get('written_by'))[:40]!r}, not one of "
+                         f"{', '.join(WRITERS)}; {fix}")
     return obj
 
 
 def check_keys(settings: dict[str, str], config_keys) -> None:
     """Refuse (ValueError naming the key and the fix) a key of `settings` that is not one of KEYS in `config_keys`
-    (the recipe's config fields)."""
+    (the recipe's config fields); from a sweep's file (SweepSettings), a key that is not in `config_keys`."""
+    if isinstance(settings, SweepSettings):
+        for key in settings:
+            if key not in config_keys:
+                raise ValueError(f"unknown config key {key[:60]!r} in a settings file written by speedrun sweep; "
+                                 f"valid keys: {', '.join(sorted(config_keys))}; remove it from the file")
+        return
     allowed = ", ".join(sorted(KEYS & set(config_keys)))
     for key in settings:
         shown = key[:60]
@@ -99,22 +122,32 @@ def overrides_from(path: str | os.PathLike, recipe: str, device: str, device_nam
     --settings that was measured for another recipe or device type is refused; one from $SPEEDRUN_SETTINGS (set
     once for every command) is skipped with a warning. Measured on another device of the same type: a warning."""
     obj = read_settings(path)
+    swept = obj.get("written_by") == "sweep"
+    if swept and source == ENVIRONMENT:
+        warn(f"settings file {path} ({source}) was written by speedrun sweep: its values change what a run trains, "
+             "so it applies only when given with --settings FILE; not applied")
+        return {}, None
     mismatch = None
     if obj["recipe"] != recipe:
         mismatch = f"was measured for {obj['recipe'][:60]!r}, not {recipe}"
-    elif obj["device"] != device:
+    elif obj["device"] != device and not swept:
         mismatch = f"was measured on {obj['device'][:20]!r}, not {device}"
     if mismatch is not None:
-        text = (f"settings file {path} ({source}) {mismatch}: run speedrun tune {recipe} --apply FILE here, or "
-                f"{leave_out(source)}")
+        write = (f"speedrun sweep {recipe} ... --write-settings FILE" if swept
+                 else f"speedrun tune {recipe} --apply FILE")
+        text = f"settings file {path} ({source}) {mismatch}: run {write} here, or {leave_out(source)}"
         if source == ENVIRONMENT:
             warn(text + "; not applied")
             return {}, None
         raise ValueError(text)
     measured_on = obj.get("device_name")
-    if isinstance(measured_on, str) and device_name and measured_on != device_name:
+    if swept and obj["device"] != device:
+        warn(f"settings file {path} was found by a sweep on {obj['device'][:20]!r}; this run is on {device}: the "
+             f"best hyperparameters there may not be the best here")
+    elif isinstance(measured_on, str) and device_name and measured_on != device_name:
         warn(f"settings file {path} was measured on {measured_on[:60]!r}; this is {device_name[:60]!r}: what paid "
              f"there may not here (speedrun tune {recipe} measures this device)")
-    return dict(obj["settings"]), {"file": os.fspath(path), "source": source, "settings": obj["settings"],
-                                   "device_name": measured_on if isinstance(measured_on, str) else None,
-                                   "measured": obj.get("measured")}
+    found = (SweepSettings if swept else dict)(obj["settings"])
+    return found, {"file": os.fspath(path), "source": source, "settings": obj["settings"],
+                   "device_name": measured_on if isinstance(measured_on, str) else None,
+                   "measured": obj.get("measured"), **({"written_by": "sweep"} if swept else {})}

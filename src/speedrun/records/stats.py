@@ -1,5 +1,6 @@
-"""The statistics a speed claim needs: summaries with t-intervals, Welch's test, ratio and difference CIs, and
-their text forms in tables (mean_std_text, interval_text, ratio_text).
+"""The statistics a speed claim needs: summaries with t-intervals, Welch's test, ratio and difference CIs, the
+records rule (a one-sided t-test against the target accuracy), and their text forms in tables (mean_std_text,
+interval_text, ratio_text, record_p_text).
 
 The Student-t distribution comes from scipy.stats (a library that is kept up, not hand-written special
 functions); it takes fractional degrees of freedom, as Welch's test needs. What stays here is what scipy does not
@@ -13,6 +14,8 @@ n/a.
 from __future__ import annotations
 
 import math
+import numbers
+import os
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -73,6 +76,8 @@ def _moments(values: Sequence[float], name: str, min_n: int = 1) -> tuple[int, f
     if any(not math.isfinite(v) for v in xs):
         raise ValueError(f"{name} contains NaN or inf: {xs}; drop the failed runs first")
     n = len(xs)
+    if min(xs) == max(xs):  # runs alike: their mean is the value itself (fsum / n may round one ulp off it), no spread
+        return n, xs[0], 0.0
     try:
         mean = math.fsum(xs) / n
     except OverflowError:  # a partial sum past 1.8e308: the values over their largest magnitude cannot overflow
@@ -283,3 +288,72 @@ def ratio_text(test: dict) -> str:
         return "n/a"
     low, high = test["ratio_ci95"]
     return f"{test['ratio']:.3f} ({low:.3f} .. {high:.3f})"
+
+
+# The records rule (modded-nanogpt's, and Hiverge's 2025 CIFAR-10 record): a result reaches its target accuracy only
+# when a one-sided t-test of its runs' accuracies against the target gives p below this threshold.
+RECORD_ALPHA = 0.01
+RECORD_P_ENV = "SPEEDRUN_RECORD_P"
+
+
+def record_alpha(value: float | str | None = None, name: str = RECORD_P_ENV) -> float:
+    """The records rule's threshold: `value` (named `name` in a refusal) when given, else $SPEEDRUN_RECORD_P when
+    set, else RECORD_ALPHA. It must lie in (0, 0.5]: a one-sided p below 0.5 already needs the mean above the
+    target, so a larger threshold would let a mean below the target reach it."""
+    if value is None:
+        text = os.environ.get(RECORD_P_ENV, "").strip()
+        if not text:
+            return RECORD_ALPHA
+        value, name = text, f"{RECORD_P_ENV}={text[:40]}"
+    try:
+        alpha = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        alpha = math.nan
+    if not 0.0 < alpha <= 0.5:  # NaN fails too
+        shown = name if name.startswith(f"{RECORD_P_ENV}=") else f"{name} {str(value)[:40]}"
+        raise ValueError(f"{shown} is not a p-value threshold in (0, 0.5]; give e.g. 0.01 (the records rule's "
+                         "default, modded-nanogpt's)")
+    return alpha
+
+
+def one_sided_p(mean: float, std: float | None, n: int, target: float) -> float | None:
+    """p of the one-sided one-sample t-test of H0: true mean <= target against H1: true mean > target, from the
+    runs' summary: their mean, sample std (ddof=1, as Summary and the stored rows keep it) and count.
+
+    t = (mean - target) / (std / sqrt(n)), p = P(T_{n-1} >= t): the same number as
+    scipy.stats.ttest_1samp(accuracies, target, alternative="greater") on the runs themselves. None for n < 2 (one
+    run has no spread, so no test) and for a std that is None (not known). With std = 0 (every run alike, where
+    scipy gives NaN) the mean decides: p = 0.0 above the target, 1.0 at or below it."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):  # numpy's integers too
+        raise ValueError(f"n must be a whole number of runs, got {n!r:.40}")
+    n = int(n)
+    if n < 2 or std is None:
+        return None
+    for label, value in (("mean", mean), ("std", std), ("target", target)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"one_sided_p: {label} must be a finite number, got {value!r:.40}")
+    mean, std, target = float(mean), float(std), float(target)
+    if std < 0:
+        raise ValueError(f"one_sided_p: std must be >= 0, got {std}; give the sample std (ddof=1) of the runs")
+    se = std / math.sqrt(n)
+    if se == 0.0:  # std 0, or so small that std / sqrt(n) underflows: no noise, the mean alone decides
+        return 0.0 if mean > target else 1.0
+    # The upper tail directly, not 1 - cdf, so that small p-values keep their digits; a t past the float range is
+    # +-inf, whose tail scipy gives as 0 or 1.
+    return float(scipy.stats.t.sf((mean - target) / se, n - 1))
+
+
+def reaches_target(mean: float, std: float | None, n: int, target: float,
+                   alpha: float | None = RECORD_ALPHA) -> tuple[bool, float | None]:
+    """(reached, p): the records rule. Reached only when one_sided_p(mean, std, n, target) < alpha; never with
+    n < 2 (p is None). alpha None: the setting (record_alpha: $SPEEDRUN_RECORD_P, else RECORD_ALPHA)."""
+    alpha = record_alpha(alpha, "alpha")
+    p = one_sided_p(mean, std, n, target)
+    return p is not None and p < alpha, p
+
+
+def record_p_text(p: float | None) -> str:
+    """"3.1e-04", "0.0031", "0.12", "0": a records-rule p in a table cell; "-" without one (n < 2, no target)."""
+    if p is None:
+        return "-"
+    return f"{p:.2g}" if p == 0.0 or p >= 0.001 else f"{p:.1e}"

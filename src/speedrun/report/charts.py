@@ -24,7 +24,7 @@ def _label(text: object, limit: int = LABEL_CHARS) -> str:
     return text.replace("$", r"\$")  # matplotlib's escape for a literal dollar
 
 
-def _figure(height_in: float):
+def figure(height_in: float):
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -33,7 +33,7 @@ def _figure(height_in: float):
     return Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
 
 
-def _png(fig) -> bytes:
+def png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})  # no version stamp: same data, same bytes
     return buf.getvalue()
@@ -45,7 +45,7 @@ def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> by
     accuracy, std_accuracy (fractions). None without a point."""
     if not points:
         return None
-    fig = _figure(4.2)
+    fig = figure(4.2)
     ax = fig.add_subplot()
     recipes = sorted({p["recipe"] for p in points})
     for i, recipe in enumerate(recipes):
@@ -77,7 +77,7 @@ def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> by
     ax.grid(True, alpha=0.3)
     if recipes:
         ax.legend(fontsize=8, loc="lower right")
-    return _png(fig)
+    return png(fig)
 
 
 def carries_curve(curve: dict) -> bool:
@@ -91,7 +91,7 @@ def learning_curves(title: str, curves: list[dict]) -> bytes | None:
     curves = [curve for curve in curves if carries_curve(curve)]
     if not curves:
         return None
-    fig = _figure(4.0)
+    fig = figure(4.0)
     ax = fig.add_subplot()
     for i, curve in enumerate(curves):
         ax.plot(curve["epochs"], [100 * a for a in curve["accuracy"]], marker="o", markersize=3,
@@ -101,7 +101,7 @@ def learning_curves(title: str, curves: list[dict]) -> bytes | None:
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    return _png(fig)
+    return png(fig)
 
 
 def ablation_bars(title: str, rows: list[dict]) -> bytes | None:
@@ -109,7 +109,7 @@ def ablation_bars(title: str, rows: list[dict]) -> bytes | None:
     p < 0.05. rows: trick, gain, low, high (fractions; low <= gain <= high, or both None), p. None without a row."""
     if not rows:
         return None
-    fig = _figure(0.9 + 0.32 * max(len(rows), 1))
+    fig = figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]  # the first row (largest gain) on top
     gains = [100 * r["gain"] for r in rows]
@@ -123,7 +123,7 @@ def ablation_bars(title: str, rows: list[dict]) -> bytes | None:
     ax.set_xlabel("accuracy points bought (baseline - trick off), 95% CI; dark: p < 0.05")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def waterfall(title: str, steps: list[dict]) -> bytes | None:
@@ -132,7 +132,7 @@ def waterfall(title: str, steps: list[dict]) -> bytes | None:
     steps (a start alone tells no story)."""
     if len(steps) < 2:
         return None
-    fig = _figure(4.0)
+    fig = figure(4.0)
     ax = fig.add_subplot()
     previous = None
     for i, step in enumerate(steps):
@@ -151,7 +151,7 @@ def waterfall(title: str, steps: list[dict]) -> bytes | None:
     ax.set_ylabel("mean test accuracy, %")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 def epochs_bars(title: str, rows: list[dict]) -> bytes | None:
@@ -159,7 +159,7 @@ def epochs_bars(title: str, rows: list[dict]) -> bytes | None:
     most epochs tried, white ones are searches cut short. rows: name, epochs, status. None without a row."""
     if not rows:
         return None
-    fig = _figure(0.9 + 0.32 * max(len(rows), 1))
+    fig = figure(0.9 + 0.32 * max(len(rows), 1))
     ax = fig.add_subplot()
     y = list(range(len(rows)))[::-1]
     colors = {"reached": "#1f77b4", "not reached": "#bbbbbb", "unfinished": "#ffffff"}
@@ -171,7 +171,7 @@ def epochs_bars(title: str, rows: list[dict]) -> bytes | None:
     ax.set_xlabel("epochs to the target (grey: not reached at the most epochs tried; white: search cut short)")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
-    return _png(fig)
+    return png(fig)
 
 
 SETTING_PANELS = {"accuracy": ("test accuracy, %", 100.0), "seconds": ("timed seconds per run", 1.0)}
@@ -194,7 +194,7 @@ def settings(title: str, rows: list[dict], accuracy: bool = True) -> bytes | Non
         return None
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure(1.1 + 0.32 * len(rows))
+    fig = figure(1.1 + 0.32 * len(rows))
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     y = list(range(len(rows)))[::-1]  # the baseline (the first row) on top
     for ax, key in zip(axes, panels):
@@ -220,7 +220,7 @@ def settings(title: str, rows: list[dict], accuracy: bool = True) -> bytes | Non
     axes[0].set_yticks(y, [_label(r["label"]) for r in rows], fontsize=8)
     axes[0].set_ylim(-0.6, len(rows) - 0.4)
     fig.suptitle(_label(title, TITLE_CHARS), fontsize=10)
-    return _png(fig)
+    return png(fig)
 
 
 def finite(value) -> float | None:

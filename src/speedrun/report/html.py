@@ -13,6 +13,7 @@ from html import escape
 
 from speedrun.report import charts
 from speedrun.report import queries as rep
+from speedrun.report import study
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
 h1{font-size:24px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:16px}
@@ -43,10 +44,12 @@ def _num(text: str) -> str:
 
 def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
     out = ['<h2 id="leaderboard">Leaderboards</h2>',
-           '<p class="note">Per dataset, recipe family and target accuracy, complete results only: results whose '
-           'mean accuracy reaches the target, fastest mean timed region first, then the rest, most accurate first. '
-           'Results on synthetic data are not ranked here: they measure speed only (their own section). Cost: US '
-           'dollars per timed run at the price the result carries (none for a device without a price).</p>']
+           '<p class="note">Per dataset, recipe family and target accuracy, complete results only: results that '
+           'reach the target (marked green), fastest mean timed region first, then the rest, most accurate first; '
+           f'{escape(rep.rule_text(boards[0]["alpha"]))}. p: that test\'s p-value, "-" for one run. Hit: the runs '
+           'at or above the target. Results on synthetic data are not ranked here: they measure speed only (their '
+           'own section). Cost: US dollars per timed run at the price the result carries (none for a device without '
+           'a price).</p>']
     for board in boards:
         target = rep.NO_TARGET if board["target"] is None else f"target {100 * board['target']:g}%"
         rows = board["rows"][:rep.ROWS_PER_BOARD]
@@ -58,10 +61,11 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
                           escape(rep.clip_text(r["device_name"] or r["device"], 60)),
                           _num(rep.pm_text(r["accuracy"], r["std_accuracy"], 100)),
                           _num(rep.pm_text(r["seconds"], r["std_seconds"])),
-                          _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])), _num(rep.hits_text(r)),
-                          escape(r["date"][:10]), f"<code>{escape(rep.clip_text(r['command'], 1000))}</code>",
+                          _num("-" if cost is None else f"${cost:.4f}"), _num(str(r["n"])),
+                          _num(rep.record_p_cell(r)), _num(rep.hits_text(r)), escape(r["date"][:10]),
+                          f"<code>{escape(rep.clip_text(r['command'], 1000))}</code>",
                           f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'])
-        out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "hit", "date",
+        out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "p", "hit", "date",
                            "command", "fingerprint"], cells, ["reached" if rep.has_reached(r) else "" for r in rows]))
         out += _not_shown(board, len(rows), "leaderboard(s)")
     return out
@@ -219,8 +223,9 @@ def _reports(conn: sqlite3.Connection) -> list[str]:
             _table(["id", "kind", "date", "command"], rows) if rows else '<p class="note">None yet.</p>']
 
 
-def page(conn: sqlite3.Connection) -> str:
-    boards, speed = rep.leaderboards(conn), rep.leaderboards(conn, synthetic=True)
+def page(conn: sqlite3.Connection, alpha: float | None = None) -> str:
+    """The whole page; leaderboards judged by the records rule at threshold `alpha` (None: the setting)."""
+    boards, speed = rep.leaderboards(conn, alpha=alpha), rep.leaderboards(conn, synthetic=True)
     results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = ["<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
@@ -228,12 +233,13 @@ def page(conn: sqlite3.Connection) -> str:
             '<p><a href="#leaderboard">leaderboards</a> · '
             + ('<a href="#speed">speed only (synthetic data)</a> · ' if speed else '')
             + '<a href="#accuracy-time">accuracy against time</a> · <a href="#curves">learning curves</a> · '
-            '<a href="#ablation">bench and ablations</a> · <a href="#reports">reports</a></p>']
+            '<a href="#ablation">bench and ablations</a> · <a href="#sweeps">sweeps</a> · '
+            '<a href="#reports">reports</a></p>']
     body += _leaderboards(conn, boards) if boards else [
         '<h2 id="leaderboard">Leaderboards</h2>', '<p class="note">' + escape(
             "No result on real data is stored yet." if speed else rep.unranked_text(conn)) + '</p>']
     body += (_speed_boards(speed) if speed else []) + _charts_per_dataset(conn, boards) + _ablations(conn)
-    body += _reports(conn)
+    body += study.section(conn, _img, _table, _num) + _reports(conn)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + rep.GENERATOR +
             f"<title>speedrun results</title><style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) +
             "\n</body></html>\n")

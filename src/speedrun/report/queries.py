@@ -4,11 +4,13 @@ writes the files).
 
 What the leaderboard ranks: `speedrun train` results (imported files included) that are not smoke tests and have
 at least one finished run; the runs of a bench or ablation (commands ending "# setting ...") live in their reports.
-Within a dataset and target, results whose mean accuracy reaches the target come first, fastest mean timed region
-first (the airbench rule: the mean over runs must reach the target, not the best run); then the others, most
-accurate first. Results on synthetic data (random images and labels: nothing is learnable, accuracy is chance) rank
-on boards of their own, by speed alone. Everything read from the database is treated as hostile: escaped,
-type-checked, cut to length.
+Within a dataset and target, results that reach the target come first, fastest mean timed region first; then the
+others, most accurate first. A result reaches its target by the records rule (stats.reaches_target, modded-nanogpt's):
+a one-sided t-test of its runs' accuracies against the target gives p < the threshold (0.01, or $SPEEDRUN_RECORD_P),
+with n >= 2 runs; the mean over runs is tested, never the best run. Every stored row is judged as it is read, from
+its stored mean, sample std (ddof=1) and n, so rows stored before the rule are judged by it too. Results on
+synthetic data (random images and labels: nothing is learnable, accuracy is chance) rank on boards of their own, by
+speed alone. Everything read from the database is treated as hostile: escaped, type-checked, cut to length.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sqlite3
 from speedrun.errors import printable
 from speedrun.recipes import RECIPES
 from speedrun.records import stats
-from speedrun.records.stats import interval_text
+from speedrun.records.stats import interval_text, reaches_target, record_alpha, record_p_text
 from speedrun.report.charts import finite
 
 GENERATOR = '<meta name="generator" content="speedrun report">'
@@ -120,25 +122,38 @@ def unranked_text(conn: sqlite3.Connection) -> str:
             + ". A `speedrun train` without --smoke, run to its end, is ranked.")
 
 
-def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False) -> list[dict]:
-    """[{"dataset", "family", "target", "rows": ranked}] per dataset, recipe family and target accuracy, in that
-    order; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Real data only; synthetic=True:
-    synthetic data only, per dataset and family (no target: their accuracy is chance), fastest first."""
+def judge(row: dict, alpha: float) -> tuple[bool, float | None]:
+    """(reached, p) of a leaderboard row by the records rule at threshold `alpha`; (False, None) without a target,
+    with one run, or without a plausible std."""
+    if row["target"] is None:
+        return False, None
+    return reaches_target(row["accuracy"], row["std_accuracy"], row["n"], row["target"], alpha)
+
+
+def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: float | None = None) -> list[dict]:
+    """[{"dataset", "family", "target", "alpha", "rows": ranked}] per dataset, recipe family and target accuracy, in
+    that order; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Each row carries "reached"
+    and "p", the records rule's verdict at threshold `alpha` (None: the setting, stats.record_alpha). Real data only;
+    synthetic=True: synthetic data only, per dataset and family (no target: their accuracy is chance), fastest
+    first."""
+    alpha = record_alpha(alpha, "alpha")
     groups: dict[tuple, list[dict]] = {}
     for values in conn.execute(_LEADERBOARD_SQL):
         row = _clean(values)
         if row is not None and is_synthetic(row["dataset"]) == synthetic:
+            row["reached"], row["p"] = (False, None) if synthetic else judge(row, alpha)
             key = (clip_text(row["dataset"], 300), family_of(row["recipe"]), None if synthetic else row["target"])
             groups.setdefault(key, []).append(row)
     boards = []
     for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):
         def rank(r):
-            reached = target is not None and r["accuracy"] >= target
+            reached = r["reached"]
             seconds = r["seconds"] if r["seconds"] is not None else float("inf")
             if synthetic:
                 return seconds, r["id"]
             return not reached, seconds if reached else -r["accuracy"], r["id"]
-        boards.append({"dataset": dataset, "family": family, "target": target, "rows": sorted(rows, key=rank)})
+        boards.append({"dataset": dataset, "family": family, "target": target, "alpha": alpha,
+                       "rows": sorted(rows, key=rank)})
     if len(boards) > MAX_BOARDS:
         boards = boards[:MAX_BOARDS]
         boards[-1]["more"] = len(groups) - MAX_BOARDS
@@ -146,7 +161,20 @@ def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False) -> list[d
 
 
 def has_reached(row: dict) -> bool:
-    return row["target"] is not None and row["accuracy"] >= row["target"]
+    """A leaderboard row reaches its target by the records rule (leaderboards judged it)."""
+    return row["reached"]
+
+
+def record_p_cell(row: dict) -> str:
+    """The records rule's p of a leaderboard row: "3.1e-04", "-" with one run or no target."""
+    return record_p_text(row["p"])
+
+
+def rule_text(alpha: float) -> str:
+    """The records rule in words, for the notes under a leaderboard."""
+    return (f"a result reaches its target only when a one-sided t-test of its runs' accuracies against the target "
+            f"gives p < {alpha:g} (n >= 2 runs; the environment variable SPEEDRUN_RECORD_P sets the threshold), as "
+            "modded-nanogpt's records require")
 
 
 def pm_text(value, std, scale: float = 1.0, digits: int = 2) -> str:

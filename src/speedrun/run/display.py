@@ -25,7 +25,7 @@ from rich.text import Text
 
 from speedrun.engine import peak
 from speedrun.errors import printable
-from speedrun.records.stats import FRACTION, NON_NEGATIVE, summarize
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, record_alpha, record_p_text, summarize
 
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
 _WIDE = 200  # columns for output that is not a terminal: long enough for any table, so nothing wraps
@@ -37,6 +37,21 @@ def _pct(x: float | None) -> str:
 
 def _secs(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
+
+
+def record_text(record: dict | None, target: float) -> str:
+    """The records rule's verdict on a result (session.Result.record()): "reached the target 94.00% (p = 0.003 <
+    0.01, one-sided t-test, n=5)", or why it is not shown to."""
+    if record is None:
+        return f"Not shown to reach the target {_pct(target)}%: no run finished."
+    n, alpha = record["n"], f"{record['threshold']:g}"
+    if record["p"] is None:
+        return (f"Not shown to reach the target {_pct(target)}%: the records rule's one-sided t-test needs n >= 2 "
+                f"runs (n={n}).")
+    p = record_p_text(record["p"])
+    if record["reached"]:
+        return f"Reached the target {_pct(target)}% (p = {p} < {alpha}, one-sided t-test, n={n})."
+    return f"Not shown to reach the target {_pct(target)}% (p = {p}, not < {alpha}; one-sided t-test, n={n})."
 
 
 def _console(stream) -> Console:
@@ -58,6 +73,9 @@ class Display:
         self.out = _console(sys.stdout)
         self._held: list[str] | None = []
         self._status = None
+        # The records rule's threshold the summary judges at (stats.record_alpha: $SPEEDRUN_RECORD_P, else 0.01):
+        # read here, with the command's other settings, so that a bad one is refused before any work
+        self.record_p = record_alpha()
 
     def line(self, text: str) -> None:
         if not self.verbose:
@@ -151,6 +169,8 @@ class Display:
             table.add_row("timed s", _secs(secs.mean), _secs(secs.std), ci_secs, _secs(secs.min), _secs(secs.max))
         hits = sum(a >= result.target_accuracy for a in result.accuracies)
         caption = [f"{hits}/{len(result.finished)} runs reached the target {_pct(result.target_accuracy)}%."]
+        if callable(getattr(result, "record", None)):  # the records rule's verdict on the mean, before the runs'
+            caption.insert(0, record_text(result.record(), result.target_accuracy))
         if result.diverged_runs:
             caption.append(f"{result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss) and are not "
                            "in the statistics.")

@@ -31,7 +31,7 @@ from speedrun.paths import user_path
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
-from speedrun.tricks.tta import tta_logits
+from speedrun.tricks.tta import SelectiveTTA, selective_tta_logits, tta_logits
 
 _PREDICT_BATCH = 64  # image files decoded and scored at a time, at most
 # What one batch of `predict` may take: a card may legally ask for 1024x1024 images, where 64 images through the
@@ -100,6 +100,9 @@ class TrainedModel(nn.Module):
         self.classes: list[str] = list(card["classes"])
         self.image_shape: tuple[int, int, int] = tuple(card["image_shape"])
         self.tta_level: int = card["tta_level"]
+        # selective TTA (tricks/tta.py): the views only for this fraction of each batch, least confident first; 0 is
+        # every image. A config field, checked with the card's config (model_files.parse_card).
+        self.tta_select: float = float((card.get("config") or {}).get("tta_select") or 0.0)
         self.smoke_test: bool = card.get("smoke_test") is True  # saved from `speedrun train --smoke`
         self.register_buffer("mean", torch.tensor(card["mean"], dtype=torch.float32))  # (C,), [0, 1] units
         self.register_buffer("std", torch.tensor(card["std"], dtype=torch.float32))
@@ -131,16 +134,31 @@ class TrainedModel(nn.Module):
         else:
             raise ValueError(f"images must be uint8 (0..255) or floating point (0..1), got {images.dtype}")
         x = (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
-        return tta_logits(self.net, x, self.tta_level)  # (N, K)
+        return self.tta(x)  # (N, K)
+
+    def tta(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (N, K) of normalized inputs x (N, C, H, W), test-time augmented as the model was scored."""
+        if self.tta_level and 0 < self.tta_select < 1:
+            return selective_tta_logits(self.net, x, self.tta_level, self.tta_select)
+        return tta_logits(self.net, x, self.tta_level)
 
     @torch.no_grad()
     def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
         """Per image, the `top` classes as (name, probability), most probable first."""
         if type(top) is not int or top < 1:
             raise ValueError(f"top must be a whole number >= 1, got {top!r}")
-        probs = torch.softmax(self.finite(self(images).float(), "these images"), dim=1)  # (N, K)
-        values, indices = probs.topk(min(top, len(self.classes)), dim=1)
-        return [[(self.classes[i], p) for i, p in zip(ids, ps)] for ids, ps in zip(indices.tolist(), values.tolist())]
+        return top_classes(self.probabilities(images), self.classes, top)
+
+    @torch.no_grad()
+    def probabilities(self, images: torch.Tensor) -> torch.Tensor:
+        """The softmax of forward(images): (N, K) float32, refused where a logit is not finite."""
+        return torch.softmax(self.finite(self(images).float(), "these images"), dim=1)
+
+
+def top_classes(probs: torch.Tensor, classes: list[str], top: int) -> list[list[tuple[str, float]]]:
+    """Per row of `probs` (N, K), the `top` classes as (name, probability), most probable first."""
+    values, indices = probs.topk(min(top, len(classes)), dim=1)
+    return [[(classes[i], p) for i, p in zip(ids, ps)] for ids, ps in zip(indices.tolist(), values.tolist())]
 
 
 def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
@@ -247,6 +265,22 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     dev = resolve_device(device)
     model = load(path, dev)
+    data = evaluation_data(model, path, dataset, data_dir=data_dir, image_size=image_size, log=log)
+    # the views chosen per image inside the module where the card selects (as the training run's evaluation)
+    net, level = ((SelectiveTTA(_Finite(model), model.tta_level, model.tta_select), 0)
+                  if model.tta_level and 0 < model.tta_select < 1 else (_Finite(model), model.tta_level))
+    with torch.no_grad():
+        accuracy = evaluate(net, data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
+                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=level,
+                            batch_size=batch_size)
+    return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
+            "model": os.fsdecode(path), "smoke_test": model.smoke_test}
+
+
+def evaluation_data(model: TrainedModel, path: str | os.PathLike, dataset: str, *, data_dir=None,
+                    image_size: int | None = None, log=None):
+    """`dataset` loaded by the model's family for `speedrun eval`: refused unless its test images are held in
+    memory and have the model's shape and class count; a warning where a class name differs."""
     family = RECIPES[model.card["recipe"]].module()
     data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log or (lambda line: None))
     if not hasattr(data, "test_images"):  # a family that streams its evaluation split from shards (imagenet)
@@ -263,12 +297,7 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
         i = next(i for i, (a, b) in enumerate(zip(data.classes, model.classes)) if a != b)
         warn(f"{data.name}'s class {i} is {data.classes[i]!r} but the model's is "
              f"{model.classes[i]!r}; the accuracy takes label i to mean the model's class i")
-    with torch.no_grad():
-        accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
-                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
-                            batch_size=batch_size)
-    return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
-            "model": os.fsdecode(path), "smoke_test": model.smoke_test}
+    return data
 
 
 def _resize_advice(data, model: TrainedModel) -> str:
@@ -305,7 +334,7 @@ def _user_image(file: str) -> None:
         raise ValueError(f"{file} {what}; give image files (.jpg, .jpeg or .png)")
 
 
-def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
+def read_image(file: str, c: int, h: int, w: int) -> np.ndarray:
     """One image file as the model takes it: uint8 (c, h, w), decoded under folder.py's limits."""
     _user_image(file)
     # Square models: the shorter side scaled to the model's and centre-cropped, as `--image-size` does.
@@ -321,7 +350,7 @@ def _image(file: str, c: int, h: int, w: int) -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
-def _check_images(paths: list[str], h: int, w: int) -> None:
+def check_images(paths: list[str], h: int, w: int) -> None:
     """Every file's header read and checked (formats, claimed size, the model's shape) before any is decoded:
     a bad file among thousands is refused before minutes of work, not after. No pixel is decoded here."""
     for file in paths:
@@ -386,13 +415,13 @@ def iter_predictions(path: str | os.PathLike, images: list[str], *, top: int = 5
         raise ValueError(f"model {os.fsdecode(path)} takes {c}-channel images; image files give 1 "
                          "(grey) or 3 (RGB)")
     paths = [os.fsdecode(f) for f in images]
-    _check_images(paths, h, w)
+    check_images(paths, h, w)
     if on_load is not None:
         on_load(model)
     batch = predict_batch_size(model)
     for start in range(0, len(paths), batch):  # a bounded batch in memory, however many files
         chunk = paths[start:start + batch]
-        pixels = torch.from_numpy(np.stack([_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
+        pixels = torch.from_numpy(np.stack([read_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
         yield from zip(chunk, model.predict(pixels, top=top))
 
 

@@ -129,7 +129,7 @@ class Plan:
         return found
 
     def check_found(self, found: Found | None, meta: dict | None, may_differ: frozenset[str],
-                    runs: int) -> tuple[int, dict | None, list[RunResult]]:
+                    runs: int, defaults: dict | None = None) -> tuple[int, dict | None, list[RunResult]]:
         """(first run to train, its state to resume, the runs finished before it) after checking that the
         checkpoint was made by this recipe, config, data and seed."""
         if found is None:
@@ -140,7 +140,7 @@ class Plan:
         # The dataset as typed may differ (a relative path, say): its content is in meta["data"]. The precision
         # asked for may differ where it resolves to the one the checkpoint ran at (check_precision).
         check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type"},
-                         afresh)
+                         afresh, defaults)
         # A file named by --resume is the user's, not ours to suggest deleting; one found by auto is passed over
         # for the one before it once deleted.
         fix = afresh if self.resume != "auto" else f"delete it to resume from the one before, or {afresh}"
@@ -192,7 +192,8 @@ class Plan:
         return path
 
     def finished_job(self, found: Found | None, runs: int, expected: dict, may_differ: frozenset[str],
-                     database: sqlite3.Connection | None, world: dist.World) -> dict | None:
+                     database: sqlite3.Connection | None, world: dist.World, defaults: dict | None = None
+                     ) -> dict | None:
         """The result of the job whose checkpoints --resume auto found, when that job has finished; None when there
         is anything left to run. `expected`: this command's recipe, dataset, config and seed; may_differ: the
         config fields a resume may change (the family's MAY_DIFFER_ON_RESUME).
@@ -214,7 +215,7 @@ class Plan:
                 return None  # a file named by --resume is resumed as asked (a re-score of its last run, say)
             _, meta, path = found
             try:
-                check_compatible(meta, expected, path, may_differ)
+                check_compatible(meta, expected, path, may_differ, defaults=defaults)
                 if not (isinstance(meta.get("result_path"), str) and meta.get("run") == runs - 1
                         and type(meta.get("run")) is int and _integer(meta.get("step"), 1, 2**62)):
                     return None

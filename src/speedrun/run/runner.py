@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from speedrun import dist
-from speedrun.config import apply_overrides, check_int
+from speedrun.config import apply_overrides, check_int, field_defaults
 from speedrun.data import limits
 from speedrun.engine import peak
 from speedrun.engine.checkpoint import list_checkpoints
@@ -36,6 +36,7 @@ from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
 from speedrun.run import display, export
 from speedrun.run import resume as resuming
+from speedrun.run import tensorboard as boards
 from speedrun.run.session import Result, Session
 
 __all__ = ["RECIPES", "Result", "train", "make_config", "print_recipes"]
@@ -148,7 +149,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
           resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
           db: str | Path | None = None, strict: bool = False, settings: str | Path | bool | None = None,
-          overrides: dict[str, Any] | None = None, **config_overrides: Any) -> Result:
+          tensorboard: str | Path | None = None, overrides: dict[str, Any] | None = None,
+          **config_overrides: Any) -> Result:
     """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
 
     `config_overrides` (or the dict `overrides`, which may hold any key, `epochs` included) are config fields,
@@ -171,6 +173,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     skipped with a warning), and so is any refusal its values cause, naming the file.
     db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened and
     migrated before any work; a failure to store it later is a warning (the JSON file has it).
+    tensorboard: write TensorBoard event files under this folder (run/tensorboard.py): a new folder
+    <time>-<recipe> per call, made and proved writable before any data is read, with a run seed-<n> per seed.
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
     Every setting is checked before data is read, and the data against the config before any step is taken.
     """
@@ -183,6 +187,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  checkpoint_dir=(checkpoint_dir, path_like, "a folder path (--checkpoint-dir)"),
                  resume=(resume, path_like, "a checkpoint path, 'auto' or None (--resume)"),
                  save=(save, path_like, "a file path (--save)"), db=(db, path_like, "a file path (--db)"),
+                 tensorboard=(tensorboard, path_like, "a folder path (--tensorboard)"),
                  settings=(None if settings is False else settings, path_like,
                            "a settings file path, None or False (--settings)"),
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
@@ -209,10 +214,12 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
-    claimed, in_step, database, session = None, False, None, None
+    claimed, in_step, database, session, board = None, False, None, None, None
     try:
         plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, world)
         save_path = export.check_save(save, world, json_path)
+        if tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
+            board = dist.main_first(world, lambda: boards.open_board(tensorboard, rec.name), everyone=False)
         with warnings.catch_warnings():
             if not world.is_main:  # every process checks the same things: one copy of each warning is enough
                 warnings.simplefilter("ignore", SpeedrunWarning)
@@ -222,7 +229,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
             done = plan.finished_job(found, runs, {"recipe": rec.name, "dataset": dataset,
                                                    "config": dataclasses.asdict(cfg), "seed": seed},
-                                     family.MAY_DIFFER_ON_RESUME, database, world)
+                                     family.MAY_DIFFER_ON_RESUME, database, world, field_defaults(cfg))
             if done is not None:  # --resume auto in a job that finished: its result, nothing run or stored again
                 done = Result.from_dict(done)
                 show.summary(done)
@@ -262,7 +269,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 # what precision=auto resolved to here: a resumed run must continue at the precision it began with
                 "device_type": dev.type, "precision_used": system.precision}
             with _naming_settings(settings_used, applied):
-                first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs)
+                first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs,
+                                                              field_defaults(cfg))
             show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
             env = environment(dev)
             show.line(f"device: {dev.type} ({env['device_name']})"
@@ -297,15 +305,17 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             for i in range(first_run, runs):
                 if checkpoints is not None:
                     checkpoints.begin(i, result.runs)
-                try:
-                    with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
-                        run = family.train_run(cfg, data, dev, seed + i, world=world, on_step=on_step,
-                                               on_epoch=on_epoch, checkpoints=checkpoints,
-                                               resume=state if i == first_run else None)
-                except Diverged as e:
-                    warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
-                    run = RunResult(seed=seed + i, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                    steps=e.step, diverged=e.to_dict())
+                with boards.run_log(board, cfg, seed=seed + i, dataset=dataset, num_train=data.num_train) as log:
+                    try:
+                        with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
+                            run = family.train_run(cfg, data, dev, seed + i, world=world, on_step=on_step,
+                                                   on_epoch=boards.on_epoch_too(log, on_epoch),
+                                                   checkpoints=checkpoints, resume=state if i == first_run else None,
+                                                   on_scalars=None if log is None else log.scalars)
+                    except Diverged as e:
+                        warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
+                        run = RunResult(seed=seed + i, accuracy=None, train_seconds=None, epochs=cfg.epochs,
+                                        steps=e.step, diverged=e.to_dict())
                 result.model, run.model = run.model, None  # keep one model alive, not N
                 result.runs.append(run)
                 result.complete = len(result.runs) == runs
@@ -329,6 +339,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         return result
     finally:
         show.close()
+        if board is not None:
+            board.close()
         if database is not None:
             database.close()
         if claimed is not None and (session is None or not session.written):

@@ -20,7 +20,7 @@ from speedrun.errors import note_kept, warn
 from speedrun.records import cost
 from speedrun.records import db as results_db
 from speedrun.records.result_file import portable, write_json
-from speedrun.records.stats import FRACTION, NON_NEGATIVE, summarize
+from speedrun.records.stats import FRACTION, NON_NEGATIVE, RECORD_ALPHA, reaches_target, record_alpha, summarize
 from speedrun.run.display import Display
 
 
@@ -59,6 +59,9 @@ class Result:
     model: torch.nn.Module | None = field(default=None, repr=False)  # the last run's trained model
     # A result read back from its file (from_dict): the MFU it recorded, against the peak measured then
     recorded_mfu: dict | None = field(default=None, repr=False)
+    # The records rule's threshold this result is judged at (stats.reaches_target): Session sets the setting
+    # (stats.record_alpha: $SPEEDRUN_RECORD_P, else 0.01) that the summary shows, from_dict the reader's.
+    record_p: float = RECORD_ALPHA
 
     @property
     def finished(self) -> list[RunResult]:
@@ -89,6 +92,17 @@ class Result:
     def hit_rate(self) -> float | None:
         """Share of finished runs reaching the recipe's target accuracy."""
         return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished) if self.finished else None
+
+    def record(self) -> dict | None:
+        """The records rule on the finished runs: {"reached", "p", "threshold", "n", "test"}; reached only when the
+        one-sided t-test of their accuracies against the target gives p < threshold (n >= 2: p is None below).
+        None without a finished run."""
+        if not self.finished:
+            return None
+        acc = summarize(self.accuracies)
+        reached, p = reaches_target(acc.mean, acc.std or 0.0, acc.n, self.target_accuracy, self.record_p)
+        return {"reached": reached, "p": p, "threshold": self.record_p, "n": acc.n,
+                "test": "one-sided t-test of the runs' accuracies, H1: mean > target"}
 
     def costs(self) -> dict | None:
         """US dollars: the mean timed region of a run, and the whole command, on every process's device."""
@@ -156,7 +170,7 @@ class Result:
                    resumed_from=[str(x) for x in get("resumed_from", (list,), [])],
                    saved_model=get("saved_model", (str,)), wall_seconds=get("wall_seconds", (int, float), 0.0),
                    price=price, flops=run_flops, precision=get("precision", (str,)), settings=get("settings", (dict,)),
-                   recorded_mfu=recorded_mfu)
+                   recorded_mfu=recorded_mfu, record_p=record_alpha())  # re-judged at the reader's threshold
 
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies, FRACTION).to_dict() if self.finished else None
@@ -166,7 +180,7 @@ class Result:
             "smoke_test": self.smoke_test,
             "mean_accuracy": self.mean_accuracy, "std_accuracy": self.std_accuracy, "n": len(self.finished),
             "accuracy": acc, "train_seconds": secs,
-            "target_accuracy": self.target_accuracy, "hit_rate": self.hit_rate,
+            "target_accuracy": self.target_accuracy, "hit_rate": self.hit_rate, "record": self.record(),
             "timed_region": self.timed_region,
             "data_seconds": self.data_seconds, "warmup_seconds": self.warmup_seconds,
             "complete": self.complete, "interrupted": self.interrupted, "runs_requested": self.runs_requested,
@@ -190,6 +204,7 @@ class Session:
         self.result, self.json_path, self.database, self.db = result, json_path, database, db
         self.world, self.show, self.began = world, show, began
         self.written = False
+        result.record_p = show.record_p  # the threshold the summary judges at: the result file records it
         self.stored_id: int | None = None  # the database row of the result, once stored
         # The runs the result took from the checkpoint it resumed (resume.py checked them): an earlier command's,
         # which that command kept. Until this command ends a run of its own, a failure keeps nothing.

@@ -9,12 +9,22 @@ Why: the first layer starts as a fixed, well-conditioned feature map; it is froz
 (for the first whiten_bias_epochs; airbench: 3 epochs, worth 5-10% fewer steps).
 Suggested: k = 2, eps = 5e-4, 5,000 images (airbench94). Interactions: the conv must have no padding and
 2*C*k*k output channels.
+method="svd" (Hiverge's 2025 record, hiverge/cifar10-speedrun README "Model architecture"): the basis from the
+SVD of the covariance instead of its eigendecomposition. For a symmetric positive semi-definite Sigma both give
+its eigenvectors, so the filters agree up to each filter's sign (and a rotation within equal eigenvalues): the
+whitened covariance is the identity either way, and W^T W = (Sigma + eps I)^-1 for both.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+
+def svd_whitening_filters(covariance: torch.Tensor, eps: float) -> torch.Tensor:
+    """(d, d) covariance -> (d, d) whitening filters as rows, largest singular value first (SVD's own order)."""
+    _, singular_values, basis = torch.linalg.svd(covariance)  # Sigma = U S V^T; V^T's rows are eigenvectors
+    return basis / torch.sqrt(singular_values + eps).unsqueeze(1)
 
 
 def patch_covariance(images: torch.Tensor, kernel_px: int) -> torch.Tensor:
@@ -28,14 +38,24 @@ def patch_covariance(images: torch.Tensor, kernel_px: int) -> torch.Tensor:
     return patches.T @ patches / patches.shape[0]
 
 
+WHITEN_METHODS = ("eigh", "svd")
+
+
 @torch.no_grad()
-def patch_whitening_init_(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4) -> nn.Conv2d:
+def patch_whitening_init_(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4,
+                          method: str = "eigh") -> nn.Conv2d:
     """Set conv.weight (2*C*k*k, C, k, k) to the whitening filters of `images` and their negatives."""
     k = conv.kernel_size[0]
     c = conv.in_channels
     assert conv.out_channels == 2 * c * k * k, "whitening conv needs 2*C*k*k output channels"
-    eigenvalues, eigenvectors = torch.linalg.eigh(patch_covariance(images, k))  # ascending
-    filters = (eigenvectors.T / torch.sqrt(eigenvalues.clamp_min(0) + eps).unsqueeze(1))  # (C*k*k, C*k*k)
-    filters = filters.flip(0).reshape(c * k * k, c, k, k)  # largest eigenvalue first, as (out, C, k, k)
+    if method == "eigh":
+        eigenvalues, eigenvectors = torch.linalg.eigh(patch_covariance(images, k))  # ascending
+        filters = (eigenvectors.T / torch.sqrt(eigenvalues.clamp_min(0) + eps).unsqueeze(1))  # (C*k*k, C*k*k)
+        filters = filters.flip(0)  # largest eigenvalue first
+    elif method == "svd":
+        filters = svd_whitening_filters(patch_covariance(images, k), eps)
+    else:
+        raise ValueError(f"whiten_method must be one of {', '.join(WHITEN_METHODS)}, got {method!r}")
+    filters = filters.reshape(c * k * k, c, k, k)  # as (out, C, k, k)
     conv.weight.copy_(torch.cat([filters, -filters]).to(conv.weight.dtype))
     return conv

@@ -53,6 +53,8 @@ def smoke(cfg: CifarConfig, data: Dataset) -> tuple[CifarConfig, Dataset]:
 def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
     steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
     views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
+    if cfg.tta_level and cfg.tta_select and cfg.tta_select < 1:  # the plain pass, then the rest for the selected
+        views = round(1 + cfg.tta_select * (views - 1), 2)
     return run_notes(smoke=smoke, steps=steps, batch_size=cfg.batch_size, n_test=len(data.test_labels), views=views,
                      table_evaluations=math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
 
@@ -136,6 +138,14 @@ TRICKS: list[tuple[str, object, str]] = [
     ("translate_px", 0, "random translation"),
     ("cutout_px", 0, "cutout"),
     ("tta_level", 0, "test-time augmentation (tricks/tta.py)"),
+    # Hiverge's 2025 record (hiverge/cifar10-speedrun README), each against what airbench94_muon does instead.
+    ("tta_select", 0.0, "TTA only for the least confident test images, not all (tricks/tta.py; speed)"),
+    ("activation", "gelu", "SiLU (or another activation) instead of GELU (models/cifar_net.py)"),
+    ("whiten_method", "eigh", "whitening basis by SVD instead of eigh (tricks/whitening.py)"),
+    ("jitter_brightness", 0.0, "brightness jitter (tricks/color_jitter.py)"),
+    ("jitter_contrast", 0.0, "contrast jitter (tricks/color_jitter.py)"),
+    ("muon_ns_batched", False, "Newton-Schulz batched over all filter banks (tricks/muon.py; speed)"),
+    ("muon_renorm_every_steps", 1, "Muon's renormalization every K steps, not every step (tricks/muon.py; speed)"),
     ("channels_last", "off", "channels_last memory layout (speed)"),
     ("compile", False, "torch.compile (speed)"),
     ("precision", "fp32", "bf16 autocast (speed; on a CPU too where it has native bf16)"),

@@ -25,12 +25,14 @@ from speedrun.engine.system import seed_everything, setup_system
 from speedrun.models import CifarNet
 from speedrun.recipes.cifar.config import CifarConfig
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
+from speedrun.tricks.color_jitter import jitter_batch
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
 from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
+from speedrun.tricks.tta import SelectiveTTA
 from speedrun.tricks.whitening import patch_whitening_init_
 
 
@@ -41,9 +43,16 @@ def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNe
 def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
     """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
     model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
-    return run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
-                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
-                                   cfg.tta_level)
+    run = run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
+                                  steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
+                                  cfg.tta_level)
+    if not (cfg.tta_level and cfg.tta_select and cfg.tta_select < 1):
+        return run
+    # Selective TTA: the plain pass for every image, the other views for the selected share (tricks/tta.py).
+    plain = run_flops.evaluation(model, data.image_shape, len(data.test_labels), 0)
+    return dataclasses.replace(run, evaluation=plain + round(cfg.tta_select * (run.evaluation - plain)),
+                               counted=f"{run.counted}; the views beyond the plain pass for {cfg.tta_select:.0%} "
+                                       "of the test images (tta_select)")
 
 
 def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
@@ -65,7 +74,8 @@ def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Opti
                            {"params": head, "lr": cfg.muon_head_lr, "weight_decay": wd / cfg.muon_head_lr}],
                           momentum=cfg.momentum, nesterov=True, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
     muon = Muon(filters, lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                ns_steps=cfg.muon_ns_steps)
+                ns_steps=cfg.muon_ns_steps, batched=cfg.muon_ns_batched,
+                renorm_every_steps=cfg.muon_renorm_every_steps)
     for opt in (sgd, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
@@ -130,13 +140,14 @@ class TrainState(LoopState):
 def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
               world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
               on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
-              resume: dict[str, Any] | None = None) -> RunResult:
+              resume: dict[str, Any] | None = None, on_scalars=None) -> RunResult:
     """One training run of `cfg` on `data`; returns the final TTA accuracy and the timed seconds.
 
     shuffle_labels: train on permuted labels (the untimed compile/autotune warm-up run, as airbench does).
     world: the torchrun world (dist.py); each process trains on its share of every global batch.
     checkpoints: runs.Checkpoints (saves TrainState every N steps, at the last step and on a signal), or None.
     resume: a TrainState.state_dict() to continue from (checkpoint.find_checkpoint).
+    on_scalars: each step's loss and lr (engine.loop.Steps), or None.
     """
     cfg.validate()
     world = world or dist.World()
@@ -163,7 +174,10 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
 
     def scored(tta_level: int) -> float:  # test accuracy; every process takes rank 0's BatchNorm statistics first
         dist.broadcast_model(model, world)
-        return evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=system.dtype,
+        net = forward
+        if tta_level and cfg.tta_select:  # the views chosen per image inside the module: evaluate runs it plain
+            net, tta_level = SelectiveTTA(forward, tta_level, cfg.tta_select), 0
+        return evaluate(net, test_images, test_labels, mean=mean, std=std, dtype=system.dtype,
                         channels_last=system.channels_last, tta_level=tta_level, batch_size=cfg.eval_batch_size,
                         autocast=system.amp, world=world)
 
@@ -174,7 +188,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             # A random sample, not the first images: image folders list their files class by class.
             pick = torch.randperm(loader.num_examples, generator=torch.Generator().manual_seed(seed))
             sample = loader.images[pick[:cfg.whiten_images].to(device)]
-            patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps)
+            patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps,
+                                  cfg.whiten_method)
         state.lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
     else:
         state.lookahead = Lookahead(model) if cfg.lookahead else None
@@ -185,7 +200,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
     model.train()
-    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
+    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
+                  on_scalars=on_scalars)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
         guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop)
         for inputs, targets in phased(loader.batches(state.step)):
@@ -197,6 +213,10 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             for opt in state.optimizers:
                 for group in opt.param_groups:
                     group["lr"] = group["initial_lr"] * mult
+            if cfg.jitter_brightness or cfg.jitter_contrast:
+                inputs = jitter_batch(inputs, seed=seed, step=state.step, batch_size=cfg.batch_size,
+                                      brightness=cfg.jitter_brightness, contrast=cfg.jitter_contrast, std=std,
+                                      share=loader.share)
             logits, loss = train_step(train_forward, state.optimizers, inputs, targets, cfg.label_smoothing,
                                       system.amp)
             state.step += 1
@@ -212,7 +232,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             def table_row(seconds: float) -> dict:
                 return {**batch_row(seconds), "val_acc": scored(0) if cfg.eval_each_epoch else None}
 
-            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row)
+            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row, loss=loss,
+                        loss_scale=1 / len(targets), lr=base_lr * mult)  # loss: summed over this share
             if stopping:  # a signal (on any process): the state is whole, and saved when a folder was given
                 raise stop.interrupt()
         guard.finish()

@@ -124,13 +124,14 @@ class TrainState(LoopState):
 def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
               world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
               on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
-              resume: dict[str, Any] | None = None) -> RunResult:
+              resume: dict[str, Any] | None = None, on_scalars=None) -> RunResult:
     """One training run of `cfg` on `data`; returns the final (TTA) accuracy and the timed seconds.
 
     shuffle_labels: train on permuted labels (the untimed compile/autotune warm-up run, as airbench does).
     world: the torchrun world (dist.py); each process trains on its share of every global batch.
     checkpoints: the runner's Checkpoints (saves TrainState every N steps, at the last step and on a signal), or None.
     resume: a TrainState.state_dict() to continue from (checkpoint.find_checkpoint).
+    on_scalars: each step's loss and lr (engine.loop.Steps), or None.
     """
     cfg.validate()
     world = world or dist.World()
@@ -176,7 +177,8 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
     model.train()
-    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
+    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
+                  on_scalars=on_scalars)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
         guard = FiniteLossGuard(device, total_steps, "lr", enabled=cfg.check_finite_loss, world=world, stop=stop)
         for inputs, targets in phased(loader.batches(state.step)):
@@ -199,7 +201,8 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
             def table_row(seconds: float) -> dict:
                 return {**batch_row(seconds), "val_acc": scored(0) if cfg.eval_each_epoch else None}
 
-            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row)
+            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row, loss=loss,
+                        loss_scale=1 / len(targets), lr=cfg.lr * mult)  # loss: summed over this share
             if stopping:  # a signal (on any process): the state is whole, and saved when a folder was given
                 raise stop.interrupt()
         guard.finish()

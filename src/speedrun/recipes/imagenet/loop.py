@@ -143,10 +143,11 @@ def evaluate_top1(forward: Callable, data: ShardData, cfg: ImagenetConfig, syste
 def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: int, *,
               world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
               on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
-              resume: dict[str, Any] | None = None, on_batch: Callable[[int, torch.Tensor], None] | None = None
-              ) -> RunResult:
+              resume: dict[str, Any] | None = None, on_batch: Callable[[int, torch.Tensor], None] | None = None,
+              on_scalars=None) -> RunResult:
     """One run of `cfg` on prepared shards; returns the final top-1 accuracy and the timed seconds.
-    on_batch(step, labels): called with each step's labels on this process (the exactly-once test)."""
+    on_batch(step, labels): called with each step's labels on this process (the exactly-once test).
+    on_scalars: each step's loss and lr (engine.loop.Steps), or None."""
     cfg.validate()
     world = world or dist.World()
     seed_everything(seed)
@@ -180,7 +181,8 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
 
     model.train()
     loss = torch.zeros(())
-    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch)
+    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
+                  on_scalars=on_scalars)
     with stop_at_step_end() as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
                                 stop=stop)
@@ -214,7 +216,9 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
                 return {**batch_row(seconds), "val_acc": scored() if cfg.eval_each_epoch else None,
                         "res_px": res_at(cfg, state.step - 1, total_steps)}
 
-            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row)
+            # loss: this share's sum over the global batch, so x batch / share is the mean over the share
+            steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row, loss=loss,
+                        loss_scale=cfg.batch_size / len(targets), lr=cfg.lr_per_256 * mult)
             if stopping:
                 raise stop.interrupt()
         guard.finish()

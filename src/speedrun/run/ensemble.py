@@ -1,0 +1,198 @@
+"""Ensembles of saved models: `speedrun eval --ensemble` and `speedrun predict --ensemble` average the softmax of
+several models (export.py loads and checks each exactly as a single model) of one family, trained on one dataset.
+
+The models must agree on what makes their outputs comparable: the family, the class names in order, the image
+shape, the normalization and the dataset named in their cards; each keeps its own TTA level (its logits over its
+views, then its softmax). eval scores one model at a time over the test set and keeps only the running sum of the
+softmax, (N, K) float32 besides the test images; predict streams the image files a batch at a time through every
+model, as for one model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from speedrun.data.loader import normalize
+from speedrun.engine.system import resolve_device, synchronize
+from speedrun.run import export
+from speedrun.run.export import TrainedModel
+
+MIN_MODELS = 2
+# What each evaluation time in a report holds, said in the table and the JSON.
+TIMED = ("per model: its pass over the test images already on the device (normalization, its TTA forward passes, "
+         "softmax, adding to the running sum), after an untimed warm-up batch, with device synchronization; the "
+         "ensemble: the models' passes plus the average and its argmax; loading the models and the data is not "
+         "timed")
+
+
+def _name(path: str | os.PathLike) -> str:
+    return os.fsdecode(path)
+
+
+def _same_data(a: str, b: str) -> bool:
+    """Whether two cards' datasets name one dataset: the same name or path as written, or two spellings of one
+    path (a relative and an absolute one, say): one folder here, or the same last part. Called once the models'
+    normalization agrees: the channel statistics of their training images, equal to the last bit."""
+    if a == b or os.path.basename(os.path.normpath(a)) == os.path.basename(os.path.normpath(b)):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either is a name (cifar10), or not here
+        return False
+
+
+def _disagreement(a: TrainedModel, b: TrainedModel) -> str | None:
+    """The first field in which two models' cards differ so that their softmax cannot be averaged, as words."""
+    ca, cb = a.card, b.card
+    if ca["family"] != cb["family"]:
+        return f"family: {ca['family']!r} against {cb['family']!r}"
+    if a.classes != b.classes:
+        if len(a.classes) != len(b.classes):
+            return f"classes: {len(a.classes)} against {len(b.classes)}"
+        i = next(i for i, (x, y) in enumerate(zip(a.classes, b.classes)) if x != y)
+        order = " (the same names in another order)" if sorted(a.classes) == sorted(b.classes) else ""
+        return f"classes: class {i} is {a.classes[i][:60]!r} against {b.classes[i][:60]!r}{order}"
+    if a.image_shape != b.image_shape:
+        return f"image_shape: {list(a.image_shape)} against {list(b.image_shape)}"
+    for key in ("mean", "std"):
+        if ca[key] != cb[key]:
+            return f"normalization ({key}): {ca[key]} against {cb[key]}"
+    if not _same_data(ca["dataset"], cb["dataset"]):
+        return f"dataset: {ca['dataset'][:100]!r} against {cb['dataset'][:100]!r}"
+    return None
+
+
+def load_ensemble(paths: list, device: str | torch.device = "cpu") -> list[TrainedModel]:
+    """The saved models at `paths`, each loaded and checked by export.load; refused (one line naming two models and
+    the field) where two disagree, where fewer than MIN_MODELS are given, or where one is given twice."""
+    if isinstance(paths, (str, bytes, os.PathLike)) or len(paths) < MIN_MODELS:
+        got = "one" if isinstance(paths, (str, bytes, os.PathLike)) or len(paths) == 1 else "none"
+        raise ValueError(f"an ensemble averages at least {MIN_MODELS} saved models; got {got}: give --ensemble "
+                         "MODEL MODEL ... (one model alone is scored without --ensemble)")
+    seen: dict[str, str] = {}
+    for path in paths:  # the same files named twice (m, m.json, ./m): refused before any is read
+        weights = os.path.realpath(export.model_paths(path)[0])
+        if weights in seen:
+            raise ValueError(f"{seen[weights]} and {_name(path)} are the same saved model; an ensemble averages "
+                             "different models: give each once")
+        seen[weights] = _name(path)
+    models: list[TrainedModel] = []
+    for path in paths:
+        model = export.load(path, device)
+        for earlier, other in zip(paths, models):
+            if other.card["weights_sha256"] == model.card["weights_sha256"]:
+                raise ValueError(f"{_name(earlier)} and {_name(path)} hold the same weights (one SHA-256): copies "
+                                 "of one model; an ensemble averages different models: give each once")
+        why = _disagreement(models[0], model) if models else None
+        if why is not None:
+            raise ValueError(f"{_name(paths[0])} and {_name(path)} cannot be averaged: they differ in {why}; an "
+                             "ensemble takes models of one family trained on one dataset (the same classes, "
+                             "image shape and normalization)")
+        models.append(model)
+    return models
+
+
+class Ensemble:
+    """Saved models whose softmax is averaged: probabilities(images) (N, K) and predict(images, top) as one
+    TrainedModel's (export.py), for images of their common shape."""
+
+    def __init__(self, models: list[TrainedModel]):
+        self.models = models
+        self.classes = models[0].classes
+        self.image_shape = models[0].image_shape
+
+    @torch.no_grad()
+    def probabilities(self, images: torch.Tensor) -> torch.Tensor:
+        """The mean over the models of each one's softmax (its TTA logits first): (N, K) float32."""
+        total = self.models[0].probabilities(images)
+        for model in self.models[1:]:
+            total += model.probabilities(images)
+        return total / len(self.models)
+
+    def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
+        if type(top) is not int or top < 1:
+            raise ValueError(f"top must be a whole number >= 1, got {top!r}")
+        return export.top_classes(self.probabilities(images), self.classes, top)
+
+
+def _timed(device: torch.device, work: Callable[[], object]) -> tuple[object, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    value = work()
+    synchronize(device)
+    return value, time.perf_counter() - start
+
+
+def evaluate_ensemble(paths: list, dataset: str, *, data_dir=None, image_size: int | None = None,
+                      device: str = "auto", batch_size: int = 2000, log=None) -> dict:
+    """Each model's test accuracy on `dataset` (with its card's TTA, as `speedrun eval` gives it alone) and the
+    ensemble's (the argmax of the mean softmax), with the evaluation seconds of each (TIMED says what is in them)."""
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    dev = resolve_device(device)
+    models = load_ensemble(paths, dev)
+    data = export.evaluation_data(models[0], paths[0], dataset, data_dir=data_dir, image_size=image_size, log=log)
+    images, labels = data.test_images.to(dev), data.test_labels.to(dev)  # (N, C, H, W) uint8, (N,)
+    n = len(labels)
+    total = torch.zeros(n, len(models[0].classes), dtype=torch.float32, device=dev)  # the softmax summed, (N, K)
+
+    def logits(model: TrainedModel, start: int, stop: int) -> torch.Tensor:
+        # as engine.evaluate scores one saved model (export.evaluate_saved): the same operations, the same logits
+        x = normalize(images[start:stop], model.mean, model.std, torch.float32, False)
+        return model.finite(model.tta(x), "its evaluation images")
+
+    def one_pass(model: TrainedModel) -> int:
+        correct = torch.zeros((), dtype=torch.int64, device=dev)
+        for start in range(0, n, batch_size):
+            stop = min(start + batch_size, n)
+            scores = logits(model, start, stop).float()  # (B, K)
+            correct += (scores.argmax(1) == labels[start:stop]).sum()
+            total[start:stop] += torch.softmax(scores, dim=1)
+        return int(correct)
+
+    rows = []
+    with torch.no_grad():
+        for path, model in zip(paths, models):
+            logits(model, 0, min(batch_size, n))  # the untimed warm-up (kernels chosen, caches filled)
+            correct, seconds = _timed(dev, lambda: one_pass(model))
+            rows.append({"model": _name(path), "recipe": model.card["recipe"], "seed": model.card["seed"],
+                         "tta_level": model.tta_level, "accuracy": correct / n, "seconds": seconds,
+                         "smoke_test": model.smoke_test})
+        ensemble_correct, combine = _timed(dev, lambda: int(((total / len(models)).argmax(1) == labels).sum()))
+    single = [r["seconds"] for r in rows]
+    seconds = sum(single) + combine
+    mean_single = float(np.mean(single))
+    return {"dataset": data.name, "n": n, "device": str(dev), "models": rows, "timed": TIMED,
+            "ensemble": {"n_models": len(models), "accuracy": ensemble_correct / n, "seconds": seconds,
+                         "extra_seconds": seconds - mean_single,
+                         "time_ratio": seconds / mean_single if mean_single > 0 else None}}
+
+
+def iter_ensemble_predictions(paths: list, images: list[str], *, top: int = 5, device: str = "auto",
+                              on_load: Callable[[list[TrainedModel]], object] | None = None,
+                              ) -> Iterator[tuple[str, list[tuple[str, float]]]]:
+    """Per image file, its `top` classes under the ensemble's mean softmax as (name, probability), a batch at a
+    time, as export.iter_predictions gives one model's; on_load is called with the models once all are loaded."""
+    if isinstance(images, (str, bytes, os.PathLike)) or not images:
+        raise ValueError("give a list of one or more image files")
+    if type(top) is not int or top < 1:
+        raise ValueError(f"top (--top) must be a whole number >= 1, got {top!r}")
+    ensemble = Ensemble(load_ensemble(paths, resolve_device(device)))
+    c, h, w = ensemble.image_shape
+    if c not in (1, 3):
+        raise ValueError(f"models {', '.join(map(_name, paths))} take {c}-channel images; image files give 1 "
+                         "(grey) or 3 (RGB)")
+    files = [os.fsdecode(f) for f in images]
+    export.check_images(files, h, w)
+    if on_load is not None:
+        on_load(ensemble.models)
+    batch = min(export.predict_batch_size(model) for model in ensemble.models)  # each model's pass in turn
+    for start in range(0, len(files), batch):  # a bounded batch in memory, however many files
+        chunk = files[start:start + batch]
+        pixels = torch.from_numpy(np.stack([export.read_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
+        yield from zip(chunk, ensemble.predict(pixels, top=top))
