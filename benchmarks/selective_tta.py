@@ -4,9 +4,10 @@
         --fractions 0.1,0.25,0.5 --repeats 3 --json benchmarks/results/selective_tta/<name>.json
 
 Each model (`speedrun train --save`) is scored on the test split by its card's TTA level in full, by selective TTA
-(the level's views only for the least confident `fraction` of each evaluation batch, tricks/tta.py) at each
-fraction, and without TTA. Settings take turns inside each repeat, the order rotated between repeats, so drift and
-background load hit them alike. The evaluation is speedrun eval's: fp32, batches of 2000, on --device.
+(the level's views only for the least confident `fraction` of the test set, tricks/tta.py) at each fraction, and
+without TTA. Settings take turns inside each repeat, the order rotated between repeats, so drift and
+background load hit them alike. The evaluation is speedrun eval's: fp32 (or bf16 autocast, --precision), batches
+of 2000, on --device.
 
 Reported per setting: the mean test accuracy over the models and the paired difference from full TTA (mean and
 95% t-interval over the models: each model is scored by every setting, so the pairs share their network), and the
@@ -28,7 +29,7 @@ from speedrun.records.environment import device_label, environment
 from speedrun.records.result_file import write_json
 from speedrun.records.stats import FRACTION, ratio_ci95, summarize
 from speedrun.run.export import evaluation_data, load
-from speedrun.tricks.tta import selective_tta_logits, tta_logits
+from speedrun.tricks.tta import selective_tta_logits
 
 BATCH = 2000  # speedrun eval's evaluation batch
 
@@ -45,21 +46,16 @@ def _fractions(text: str) -> list[float]:
 
 @torch.no_grad()
 def score(net: torch.nn.Module, x: torch.Tensor, labels: torch.Tensor, level: int, fraction: float | None,
-          device: torch.device) -> tuple[float, float]:
+          device: torch.device, precision: str = "fp32") -> tuple[float, float]:
     """(accuracy, seconds) of one setting over the normalized test images x (N, C, H, W): fraction None is full
     TTA at `level`, 0.0 no TTA, else selective TTA."""
     synchronize(device)
     start = time.perf_counter()
-    correct = 0
-    for i in range(0, len(x), BATCH):
-        batch = x[i:i + BATCH]
-        if fraction is None:
-            logits = tta_logits(net, batch, level)
-        elif fraction == 0.0:
-            logits = net(batch)
-        else:
-            logits = selective_tta_logits(net, batch, level, fraction)
-        correct += int((logits.argmax(1) == labels[i:i + BATCH]).sum())
+    # full TTA: fraction 1; no TTA: level 0; selective: the least confident `fraction` of the whole test set
+    fraction, level = (1.0, level) if fraction is None else (1.0, 0) if fraction == 0.0 else (fraction, level)
+    with torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16"):
+        logits = selective_tta_logits(net, lambda idx: x[idx.to(x.device)], len(x), level, fraction, BATCH)
+    correct = int((logits.argmax(1) == labels).sum())
     synchronize(device)
     return correct / len(x), time.perf_counter() - start
 
@@ -72,7 +68,8 @@ def markdown(report: dict) -> str:
     """BENCHMARKS.md's table of one report (benchmarks/table.py renders it between the selective_tta markers)."""
     env = report["environment"]
     lines = [f"{env['timestamp_utc'][:10]}, {device_label(env)}, {report['models']} models (TTA level "
-             f"{report['tta_level']}), {report['repeats']} timed repeats each, interleaved: `{report['command']}`", "",
+             f"{report['tta_level']}), {report.get('precision', 'fp32')}, {report['repeats']} timed repeat(s) each, "
+             f"interleaved: `{report['command']}`", "",
              "| setting | test acc % (mean over models) | − full TTA, points (95% CI, paired) | "
              "eval s (mean ± std) | "
              "time / full TTA (95% CI) |", "|---|---|---|---|---|"]
@@ -96,13 +93,17 @@ def main() -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--fractions", type=_fractions, default=[0.1, 0.25, 0.5],
                    help="selective TTA fractions, comma-separated (default 0.1,0.25,0.5)")
+    p.add_argument("--no-plain", action="store_true", help="leave out the setting without TTA")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per model and setting (default 3)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32 as speedrun eval scores (default), or bf16 autocast as a training run's final evaluation "
+                        "does where the recipe trains in bf16")
     p.add_argument("--json", help="write the report here")
     args = p.parse_args()
-    if len(args.models) < 2 or args.repeats < 2:
-        p.error("an interval needs 2 or more models and 2 or more repeats")
+    if len(args.models) < 2 or args.repeats < 1 or len(args.models) * args.repeats < 3:
+        p.error("an interval needs 2 or more models and 3 or more timed evaluations of each setting")
     device = resolve_device(args.device)
-    settings: list[float | None] = [None, *args.fractions, 0.0]
+    settings: list[float | None] = [None, *args.fractions, *([] if args.no_plain else [0.0])]
     accuracy = {s: [] for s in settings}
     seconds = {s: [] for s in settings}
     levels = set()
@@ -112,11 +113,11 @@ def main() -> int:
         data = evaluation_data(model, path, args.dataset, data_dir=args.data_dir)
         x = ((data.test_images.to(device).float() / 255 - model.mean.view(1, -1, 1, 1)) / model.std.view(1, -1, 1, 1))
         labels = data.test_labels.to(device)
-        score(model.net, x[:BATCH], labels[:BATCH], model.tta_level, None, device)  # untimed: first-call costs
+        score(model.net, x[:BATCH], labels[:BATCH], model.tta_level, None, device, args.precision)  # untimed
         for r in range(args.repeats):
             order = settings[(m + r) % len(settings):] + settings[:(m + r) % len(settings)]
             for s in order:
-                acc, secs = score(model.net, x, labels, model.tta_level, s, device)
+                acc, secs = score(model.net, x, labels, model.tta_level, s, device, args.precision)
                 if r == 0:
                     accuracy[s].append(acc)
                 seconds[s].append(secs)
@@ -133,6 +134,7 @@ def main() -> int:
                      "seconds": summarize(seconds[s], (0.0, float("inf"))).to_dict(), "all_seconds": seconds[s],
                      "time_ratio": None if s is None else list(ratio_ci95(seconds[s], seconds[None]))})
     report = {"benchmark": "selective_tta", "command": " ".join(["python", *sys.argv]), "models": len(args.models),
+              "precision": args.precision,
               "model_paths": args.models, "dataset": args.dataset, "tta_level": levels.pop(),
               "repeats": args.repeats, "rows": rows, "environment": environment(device)}
     print(markdown(report))

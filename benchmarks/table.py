@@ -29,9 +29,9 @@ TRAIN = "results"  # the kind of `speedrun train` results, which carry no "bench
 # scripts beside this one, each with markdown(report) -> str
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
-COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader"}
+COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader", "ensemble": "speedrun.run.ensemble"}
 # speedrun's own commands' reports
-SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare", "tune", "profile")
+SPEEDRUN_REPORTS = ("bench", "ablate", "waterfall", "to_target", "compare", "tune", "profile", "sweep")
 HEADER = ("| date | device | command | n | test acc % (mean ± std) | 95% CI | timed s (mean ± std) | target hit |\n"
           "|---|---|---|---|---|---|---|---|")
 
@@ -75,7 +75,7 @@ def tables(paths: list[Path]) -> dict[str, str]:
         by_kind.setdefault(kind, []).append(result)
     out = {}
     for kind, results in by_kind.items():
-        results.sort(key=lambda r: r["environment"]["timestamp_utc"])
+        results.sort(key=lambda r: (r.get("environment") or {}).get("timestamp_utc", ""))  # none: first
         if kind == TRAIN:
             out[kind] = "\n".join([HEADER, *(row(r) for r in results)])
         else:

@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -42,6 +43,23 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def save_tiny_cifar_models(root: Path, cfg, dataset: str, seeds) -> tuple[list[Path], Dataset]:
+    """One cifar-family model per seed, trained on `dataset` (synthetic: ...) with `cfg` and saved as `train --save`
+    saves it (root/m<seed>); returns the stems and the data."""
+    from speedrun.recipes import cifar
+    from speedrun.run import export
+
+    data = cifar.load_data(dataset, data_dir=None, image_size=None, log=lambda line: None)
+    stems = []
+    for seed in seeds:
+        run = cifar.train_run(cfg, data, torch.device("cpu"), seed=seed)
+        card = {"recipe": "cifar10-94", "family": "cifar", "config": dataclasses.asdict(cfg),
+                **cifar.model_card(cfg, data), "dataset": dataset, "accuracy": run.accuracy, "seed": seed}
+        export.save_model(root / f"m{seed}", run.model.eval(), card)
+        stems.append(root / f"m{seed}")
+    return stems, data
 
 
 def load_benchmark(name: str):

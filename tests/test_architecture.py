@@ -24,7 +24,7 @@ import architecture  # noqa: E402  (tools/architecture.py: the measurements docs
 # public API's lazy names (`import speedrun` imports no torch), and the program's lazy commands (`speedrun --help`,
 # `speedrun recipes` and the file commands import no torch).
 # top-level packages, or modules by their full name (torch.utils.tensorboard imports the tensorboard package)
-LAZY_OK = {"matplotlib", "torchcodec", "fcntl", "optuna", "tensorboard", "torch.utils.tensorboard"}
+LAZY_OK = {"matplotlib", "torchcodec", "fcntl", "optuna", "sqlalchemy", "tensorboard", "torch.utils.tensorboard"}
 LAZY_MODULES = {"speedrun/__init__.py", "speedrun/cli/program.py"}
 
 

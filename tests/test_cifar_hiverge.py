@@ -12,13 +12,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.data.augment import translate
+from speedrun.data.loader import normalize
+from speedrun.engine import loop as engine_loop
+from speedrun.engine.loop import evaluate
 from speedrun.models import CifarNet
 from speedrun.recipes import cifar, get_recipe
 from speedrun.recipes.cifar import loop as cifar_loop
 from speedrun.run.runner import make_config
 from speedrun.tricks import color_jitter, whitening
 from speedrun.tricks.muon import Muon, newton_schulz, newton_schulz_batched
-from speedrun.tricks.tta import least_confident, selective_tta_logits, tta_logits
+from speedrun.tricks.tta import least_confident, selected_count, selective_tta_logits, tta_logits
 
 from conftest import make_tiny
 
@@ -297,20 +300,25 @@ def eval_net(seed=0):
     return net.eval()
 
 
+def _whole_set(net, x, level, fraction, batch_size):
+    return selective_tta_logits(net, lambda idx: x[idx], len(x), level, fraction, batch_size)
+
+
 @pytest.mark.parametrize("level", [0, 1, 2])
 def test_tta_select_one_is_full_tta_exactly(level):
     net, x = eval_net(), torch.randn(12, 3, 32, 32)
     with torch.no_grad():
-        assert torch.equal(selective_tta_logits(net, x, level, 1.0), tta_logits(net, x, level))
+        assert torch.equal(_whole_set(net, x, level, 1.0, 12), tta_logits(net, x, level))
 
 
 @pytest.mark.parametrize("level,fraction", [(1, 0.25), (2, 0.25), (2, 0.5), (2, 0.01), (1, 0.9)])
-def test_tta_select_augments_the_least_confident_images_only(level, fraction):
+def test_tta_select_augments_the_least_confident_images_of_the_whole_set_only(level, fraction):
     net, x = eval_net(level), torch.randn(20, 3, 32, 32)
     with torch.no_grad():
         plain, full = net(x), tta_logits(net, x, level)
-        out = selective_tta_logits(net, x, level, fraction)
+        out = _whole_set(net, x, level, fraction, 7)  # batches of 7, 7, 6: the selection spans them
     k = max(1, math.ceil(fraction * len(x)))
+    assert selected_count(len(x), fraction) == k
     confidence = plain.softmax(1).amax(1)
     chosen = set(confidence.argsort()[:k].tolist())
     assert chosen == set(least_confident(plain, fraction).tolist())
@@ -318,20 +326,43 @@ def test_tta_select_augments_the_least_confident_images_only(level, fraction):
         if i in chosen:  # the same views and weights as full TTA
             assert torch.allclose(out[i], full[i], atol=1e-5), i
             assert not torch.allclose(out[i], plain[i], atol=1e-6), i
-        else:  # the plain prediction, untouched
-            assert torch.equal(out[i], plain[i]), i
+        else:  # the plain prediction
+            assert torch.allclose(out[i], plain[i], atol=1e-6), i
     # the least confident of the unchosen is at least as confident as the most confident chosen one
     assert min(confidence[i] for i in range(len(x)) if i not in chosen) >= max(confidence[i] for i in chosen)
 
 
-def test_tta_select_off_never_builds_the_selective_module_and_one_scores_as_full_tta(monkeypatch):
+def test_selective_tta_does_not_depend_on_the_batch_size():
+    """The selection is over the whole set: batches of 1, 3, 7 and 40 choose the same images and give the same
+    predictions (a per-batch selection would give a lone image all the views)."""
+    net, x = eval_net(3), torch.randn(40, 3, 32, 32)
+    with torch.no_grad():
+        outs = [_whole_set(net, x, 2, 0.25, b) for b in (1, 3, 7, 40)]
+    for out in outs[1:]:
+        assert torch.equal(out.argmax(1), outs[0].argmax(1))
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_evaluate_with_tta_select_scores_the_whole_set_at_any_batch_size():
+    net, data = eval_net(4), make_data(n_test=50)
+    kwargs = dict(mean=torch.zeros(3), std=torch.ones(3), dtype=torch.float32, channels_last=False, tta_level=2)
+    scores = {b: evaluate(net, data.test_images, data.test_labels, batch_size=b, tta_select=0.25, **kwargs)
+              for b in (1, 8, 2000)}
+    assert len(set(scores.values())) == 1
+    x = normalize(data.test_images, kwargs["mean"], kwargs["std"], torch.float32, False)
+    with torch.no_grad():
+        by_hand = _whole_set(net, x, 2, 0.25, 50).argmax(1)
+    assert scores[8] == int((by_hand == data.test_labels).sum()) / 50
+
+
+def test_tta_select_off_scores_as_full_tta(monkeypatch):
     data = make_data()
     cfg = small_cfg(tta_level=2)
     whole = cifar.train_run(dataclasses.replace(cfg, tta_select=1.0), data, CPU, seed=0)
 
     def boom(*args, **kwargs):
         raise AssertionError("selective TTA used although tta_select=0")
-    monkeypatch.setattr(cifar_loop, "SelectiveTTA", boom)
+    monkeypatch.setattr(engine_loop, "selective_tta_logits", boom)
     full = cifar.train_run(cfg, data, CPU, seed=0)
     assert whole.accuracy == full.accuracy and same_weights(full, whole)
     assert cifar.train_run(dataclasses.replace(cfg, tta_select=None), data, CPU, seed=0).accuracy == full.accuracy
@@ -352,7 +383,11 @@ def test_selective_tta_flops_count_the_plain_pass_and_the_selected_shares_other_
     plain, full = (cifar.flops(small_cfg(tta_level=level), data).evaluation for level in (0, 2))
     quarter = cifar.flops(small_cfg(tta_level=2, tta_select=0.25), data)
     assert full == 6 * plain and quarter.evaluation == plain + round(0.25 * 5 * plain)
-    assert "25% of the test images" in quarter.counted
+    assert "25 of the 100 test images" in quarter.counted
+    # ceil(0.25 * 10) = 3 of 10 images get the views: the count is the code's, not 2.5 images' worth
+    ten = make_data(n_test=10)
+    one = cifar.flops(small_cfg(tta_level=2, tta_select=0.0), ten).evaluation // 60  # one forward of one image
+    assert cifar.flops(small_cfg(tta_level=2, tta_select=0.25), ten).evaluation == 10 * one + 3 * 5 * one
     assert cifar.flops(small_cfg(tta_level=2, tta_select=1.0), data).evaluation == full
 
 

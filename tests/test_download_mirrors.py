@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -21,7 +22,7 @@ from speedrun.cli import train_commands
 from speedrun.cli.parser import build_parser
 from speedrun.cli.program import main
 from speedrun.data import download, sources
-from speedrun.data.download import Remote, fetch, given_mirrors, mirror_urls, progress_line
+from speedrun.data.download import Remote, fetch, given_mirrors, mirror_url, mirror_urls, progress_line
 from speedrun.data.sources import load_dataset
 from speedrun.errors import SpeedrunWarning
 
@@ -31,12 +32,14 @@ OTHER = PAYLOAD[::-1]  # the same size, another file
 OTHER_MD5 = hashlib.md5(OTHER).hexdigest()
 CUT = 100_000  # bytes a cutting or stalling route sends before it stops
 STALL_S = 0.3  # the read timeout the tests use; a stalled route waits until the test ends
+DRIP_S = 0.05  # a dripping route's byte interval: well inside STALL_S, so only the rate check can end it
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Serves server.routes[path]: body, and how to misbehave: "cut" (close after that many bytes, the first time),
     "stall" ("head": before the headers, "body": after CUT bytes), "ranges" (False: ignore Range, answer 200),
-    "bad_range" (answer a Range with a 206 that starts elsewhere)."""
+    "bad_range" (answer a Range with a 206 that starts elsewhere), "drip" ("head": the status line and headers, "body":
+    the body, a byte every DRIP_S until the test ends)."""
 
     def do_GET(self):
         server = self.server
@@ -48,6 +51,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if route.get("stall") == "head":
             server.release.wait(10)
+            return
+        if route.get("drip"):
+            head = f"HTTP/1.0 200 OK\r\nContent-Length: {len(route['body'])}\r\n\r\n".encode()
+            if route["drip"] == "body":
+                self.wfile.write(head)
+            for byte in (head if route["drip"] == "head" else route["body"]):
+                if server.release.wait(DRIP_S):
+                    return
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
             return
         body, start = route["body"], 0
         if asked and route.get("ranges", True):
@@ -399,3 +412,236 @@ def test_an_unwritable_folder_is_refused_before_any_request(tmp_path, server, mo
     with pytest.raises(ValueError, match=r"cannot write in .*ro \(.*Permission denied.*fix its permissions"):
         fetch(server.url + "/archive.bin", blocked / "archive.bin", MD5)
     assert server.requests == [] and _files(blocked) == []
+
+
+# ---- the files beside dest: only ever our own --------------------------------------------------------------------
+
+
+def _not_ours(kind: str, path, victim) -> None:
+    """Put at `path` something a download did not make: a link to `victim` (or to nothing), a folder, a FIFO, a
+    second name of `victim`."""
+    if kind == "link":
+        os.symlink(victim, path)
+    elif kind == "dangling-link":
+        os.symlink(victim.parent / "nowhere" / "x", path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "hard-link":
+        os.link(victim, path)
+
+
+@pytest.mark.parametrize("kind", ["link", "dangling-link", "folder", "fifo", "hard-link"])
+@pytest.mark.parametrize("which", [".archive.bin.part", ".archive.bin.lock"])
+def test_a_part_or_lock_file_we_did_not_make_is_refused_untouched(tmp_path, server, which, kind):
+    if kind == "fifo" and not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs here")
+    server.routes["/archive.bin"] = {"body": PAYLOAD, "ranges": False}
+    folder, victim = tmp_path / "dl", tmp_path / "victim.txt"
+    folder.mkdir()
+    victim.write_bytes(b"precious data\n" * 100)
+    _not_ours(kind, folder / which, victim)
+    before = _files(folder)
+    with pytest.raises(ValueError) as err:
+        fetch(server.url + "/archive.bin", folder / "archive.bin", MD5, timeout=STALL_S)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{folder / which} is ") and "remove it" in message
+    assert victim.read_bytes() == b"precious data\n" * 100 and _files(folder) == before  # nothing made, nothing gone
+    assert server.requests == [] and not os.path.lexists(folder / "nowhere")
+
+
+@pytest.mark.parametrize("swap", ["link", "other-file"])
+def test_a_part_replaced_after_it_was_verified_is_never_published(tmp_path, server, monkeypatch, swap):
+    """Another program puts something at the part's name between the check and the publishing: the name dest gets
+    is taken back, and what was put there is left alone."""
+    server.routes["/archive.bin"] = {"body": PAYLOAD}
+    victim, dest = tmp_path / "victim.txt", tmp_path / "dl" / "archive.bin"
+    victim.write_bytes(b"precious data\n")
+    promote = download._Parts.promote
+
+    def swapping_promote(parts):
+        promote(parts)
+        stand_in = tmp_path / "stand-in"
+        if swap == "link":
+            os.symlink(victim, stand_in)
+        else:
+            stand_in.write_bytes(OTHER)
+        os.replace(stand_in, parts.path)
+
+    monkeypatch.setattr(download._Parts, "promote", swapping_promote)
+    with pytest.raises(ValueError, match=r"\.archive\.bin\.part was replaced by another program .* remove "):
+        fetch(server.url + "/archive.bin", dest, MD5, timeout=STALL_S)
+    assert _files(dest.parent) == [".archive.bin.part"] and victim.read_bytes() == b"precious data\n"
+    assert os.path.islink(dest.parent / ".archive.bin.part") == (swap == "link")
+
+
+# ---- a mirror starting again from byte 0 never costs the part kept -------------------------------------------------
+
+
+@pytest.mark.parametrize("route", [
+    {"body": b"<html>captive portal: log in</html>", "ranges": False},
+    {"body": OTHER, "ranges": False},
+    {"body": PAYLOAD, "ranges": False, "cut": 2 * CUT},  # the right file, cut short past the kept length
+    {"body": PAYLOAD[:CUT] + OTHER[CUT:]},  # continues the part, but is another file: the restart gets the same
+], ids=["portal-page", "other-file", "cut-restart", "wrong-then-restart"])
+def test_a_mirror_that_starts_again_keeps_the_part_until_its_file_is_verified(tmp_path, server, route):
+    part = tmp_path / ".archive.bin.part"
+    part.write_bytes(PAYLOAD[:CUT])
+    server.routes["/bad/archive.bin"] = dict(route)  # a copy: a "cut" is used up by the first request
+    server.routes["/good/archive.bin"] = {"body": PAYLOAD}
+    dest = tmp_path / "archive.bin"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpeedrunWarning)
+        with pytest.raises((FileNotFoundError, ValueError), match=f"the {CUT} bytes received are kept in"):
+            fetch(server.url + "/bad/archive.bin", dest, MD5, timeout=STALL_S)
+        assert part.read_bytes() == PAYLOAD[:CUT] and _files(tmp_path) == [".archive.bin.part"]  # no temporary left
+        server.routes["/bad/archive.bin"] = dict(route)
+        lines = []
+        assert fetch([server.url + "/bad/archive.bin", server.url + "/good/archive.bin"], dest, MD5, lines.append,
+                     timeout=STALL_S) == dest
+    assert dest.read_bytes() == PAYLOAD and _files(tmp_path) == ["archive.bin"]
+    assert ("/good/archive.bin", f"bytes={CUT}-") in server.requests
+    assert f"resumed from byte {CUT}" in lines[-1]
+
+
+def test_a_restarted_file_that_is_verified_replaces_the_part(tmp_path, server):
+    (tmp_path / ".archive.bin.part").write_bytes(OTHER[:CUT])  # a wrong start: only a whole file from 0 can fix it
+    server.routes["/archive.bin"] = {"body": PAYLOAD, "ranges": False}
+    lines = []
+    assert fetch(server.url + "/archive.bin", tmp_path / "archive.bin", MD5, lines.append, timeout=STALL_S)
+    assert (tmp_path / "archive.bin").read_bytes() == PAYLOAD and _files(tmp_path) == ["archive.bin"]
+    assert lines[-1].startswith(f"downloaded archive.bin: {download._size(len(PAYLOAD))} in ")
+    assert "resumed" not in lines[-1]
+
+
+# ---- a mirror that sends, but too slowly ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drip", ["head", "body"])
+def test_a_mirror_dripping_bytes_is_too_slow_and_the_next_is_tried(tmp_path, server, drip):
+    server.routes["/drip/archive.bin"] = {"body": PAYLOAD, "drip": drip}
+    server.routes["/fast/archive.bin"] = {"body": PAYLOAD}
+    dest = tmp_path / "archive.bin"
+    began = time.monotonic()
+    with pytest.warns(SpeedrunWarning, match=r"/drip/archive.bin failed \(too slow: "):
+        fetch([server.url + "/drip/archive.bin", server.url + "/fast/archive.bin"], dest, MD5, timeout=STALL_S,
+              min_rate=1000)
+    assert dest.read_bytes() == PAYLOAD and time.monotonic() - began < 5  # 2 x STALL_S, not a byte per DRIP_S
+    assert server.requests[1][0] == "/fast/archive.bin"
+
+
+def test_only_dripping_mirrors_is_one_line_saying_too_slow(tmp_path, server, monkeypatch):
+    server.routes["/a/archive.bin"] = {"body": PAYLOAD, "drip": "head"}
+    server.routes["/b/archive.bin"] = {"body": PAYLOAD, "drip": "body"}
+    monkeypatch.setenv("SPEEDRUN_DOWNLOAD_MIN_RATE", "500")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpeedrunWarning)
+        with pytest.raises(FileNotFoundError) as err:
+            fetch([server.url + "/a/archive.bin", server.url + "/b/archive.bin"], tmp_path / "archive.bin", MD5,
+                  timeout=STALL_S)
+    message = str(err.value)
+    assert "\n" not in message and f"/a/archive.bin (too slow: no response headers within {2 * STALL_S:g} s" in message
+    assert re.search(r"/b/archive\.bin \(too slow: \d+ bytes in [\d.]+ s, under 500 B/s", message), message
+
+
+def test_the_minimum_rate_setting(monkeypatch):
+    assert download.download_min_rate() == download.DEFAULT_MIN_RATE == 1000
+    for text, value in (("2500", 2500), ("0", 0), (" 1e3 ", 1000)):
+        monkeypatch.setenv("SPEEDRUN_DOWNLOAD_MIN_RATE", text)
+        assert download.download_min_rate() == value
+    for bad in ("-1", "nan", "inf", "fast", "1e13"):
+        monkeypatch.setenv("SPEEDRUN_DOWNLOAD_MIN_RATE", bad)
+        with pytest.raises(ValueError, match=r"^SPEEDRUN_DOWNLOAD_MIN_RATE=.* set e\.g\. 500") as err:
+            download.download_min_rate()
+        assert "\n" not in str(err.value)
+
+
+# ---- a link to nothing at dest -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["nowhere/x", "archive.bin"], ids=["to-nothing", "to-itself"])
+def test_a_broken_link_at_dest_is_refused_before_any_download(tmp_path, server, target):
+    server.routes["/archive.bin"] = {"body": PAYLOAD}
+    dest = tmp_path / "archive.bin"
+    os.symlink(tmp_path / target, dest)
+    with pytest.raises(ValueError) as err:
+        fetch(server.url + "/archive.bin", dest, MD5, timeout=STALL_S)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{dest} is a symbolic link to ") and "remove the link" in message
+    assert server.requests == [] and _files(tmp_path) == ["archive.bin"] and os.path.islink(dest)
+
+
+def test_a_verified_part_outlives_a_failed_publish(tmp_path, server, monkeypatch):
+    """dest appears, wrong, as the verified file is published: the error names it, and the verified part stays for
+    the next fetch to publish without a download."""
+    server.routes["/archive.bin"] = {"body": PAYLOAD}
+    dest = tmp_path / "archive.bin"
+    publish = download.publish
+
+    def racing_publish(part, target):
+        target.write_bytes(b"someone else's file")
+        return publish(part, target)
+
+    monkeypatch.setattr(download, "publish", racing_publish)
+    with pytest.raises(ValueError, match="exists but its md5"):
+        fetch(server.url + "/archive.bin", dest, MD5, timeout=STALL_S)
+    assert (tmp_path / ".archive.bin.part").read_bytes() == PAYLOAD
+    monkeypatch.setattr(download, "publish", publish)
+    dest.unlink()
+    lines = []
+    assert fetch(server.url + "/archive.bin", dest, MD5, lines.append) == dest and len(server.requests) == 1
+    assert dest.read_bytes() == PAYLOAD and _files(tmp_path) == ["archive.bin"]
+    assert "downloaded" not in lines[-1] and "left by an earlier download" in lines[-1]
+
+
+# ---- mirror URLs are URLs, not strings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mirror, expected", [
+    ("https://h/get?dir=x", "https://h/get/c.tgz?dir=x"),
+    ("https://h/get/?dir=x&y=%2F", "https://h/get/c.tgz?dir=x&y=%2F"),
+    ("https://h?dir=x", "https://h/c.tgz?dir=x"),
+    ("https://h/d/c.tgz?token=1", "https://h/d/c.tgz?token=1"),
+    ("https://h:8080/a%20b", "https://h:8080/a%20b/c.tgz"),
+    ("file:///srv/data", "file:///srv/data/c.tgz"),
+])
+def test_the_file_name_joins_the_mirrors_path_not_its_query(mirror, expected):
+    assert mirror_url(mirror, "c.tgz") == expected
+
+
+def test_a_mirror_with_a_query_is_fetched_from(tmp_path, server):
+    server.routes["/get/archive.bin?dir=x"] = {"body": PAYLOAD}
+    with given_mirrors([server.url + "/get?dir=x"]):
+        urls = mirror_urls("https://example.invalid/archive.bin")
+    assert fetch(urls[0], tmp_path / "archive.bin", MD5, timeout=STALL_S) == tmp_path / "archive.bin"
+    assert server.requests == [("/get/archive.bin?dir=x", None)]
+
+
+@pytest.mark.parametrize("bad", ["https://h/d#x", "https://h/d/#", "https://h/get?dir=x#top"])
+def test_a_mirror_with_a_fragment_is_refused_in_one_line(monkeypatch, bad):
+    monkeypatch.setenv("SPEEDRUN_MIRRORS", bad)
+    with pytest.raises(ValueError, match=r"^SPEEDRUN_MIRRORS entry .* has a #fragment.*remove it") as err:
+        mirror_urls("https://h/c.tgz")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"^mirror .* has a #fragment"):
+        with given_mirrors([bad]):
+            pass
+
+
+# ---- the final line says what this fetch did -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("held", [0, CUT, len(PAYLOAD)], ids=["fresh", "resumed", "whole-part"])
+def test_the_final_line_counts_only_this_fetchs_bytes(tmp_path, server, held):
+    server.routes["/archive.bin"] = {"body": PAYLOAD}
+    if held:
+        (tmp_path / ".archive.bin.part").write_bytes(PAYLOAD[:held])
+    lines = []
+    fetch(server.url + "/archive.bin", tmp_path / "archive.bin", MD5, lines.append, timeout=STALL_S)
+    got = len(PAYLOAD) - held
+    if got:
+        assert re.fullmatch(rf"downloaded archive\.bin: {download._size(got)} in \d+\.\d s"
+                            + (f", resumed from byte {held}" if held else "") + ", md5 ok", lines[-1]), lines[-1]
+    else:
+        assert server.requests == [] and "downloaded" not in lines[-1] and lines[-1].endswith("md5 ok")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, save_tiny_cifar_models
 from PIL import Image
 
 from speedrun.recipes import cifar, cifar_resnet
@@ -39,16 +39,7 @@ def _one_thread():
 def saved(tmp_path_factory, _one_thread) -> tuple[list[Path], object]:
     """Three models of the cifar family, one tiny epoch each with seeds 0, 1, 2, saved as `train --save` saves
     them, and the data they were trained on."""
-    root = tmp_path_factory.mktemp("ensemble")
-    data = cifar.load_data(DATA, data_dir=None, image_size=None, log=lambda line: None)
-    stems = []
-    for seed in range(3):
-        run = cifar.train_run(CFG, data, torch.device("cpu"), seed=seed)
-        card = {"recipe": "cifar10-94", "family": "cifar", "config": dataclasses.asdict(CFG),
-                **cifar.model_card(CFG, data), "dataset": DATA, "accuracy": run.accuracy, "seed": seed}
-        export.save_model(root / f"m{seed}", run.model.eval(), card)
-        stems.append(root / f"m{seed}")
-    return stems, data
+    return save_tiny_cifar_models(tmp_path_factory.mktemp("ensemble"), CFG, DATA, range(3))
 
 
 def _mean_softmax_by_hand(stems, images: torch.Tensor) -> torch.Tensor:

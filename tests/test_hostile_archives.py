@@ -488,7 +488,9 @@ def test_fetch_leaves_an_existing_file_alone_when_it_loses_the_race(tmp_path, mo
     with pytest.raises(ValueError) as err:
         fetch(src.as_uri(), dest, hashlib.md5(payload).hexdigest())
     _one_line(str(err.value), str(dest), "exists but its md5", "data_dir (--data-dir)")
-    assert dest.read_bytes() == b"someone else's file" and os.listdir(dest.parent) == ["archive.tar.gz"]
+    # the verified part is kept (a failed publish never loses a download); the other file is untouched
+    assert dest.read_bytes() == b"someone else's file"
+    assert sorted(os.listdir(dest.parent)) == [".archive.tar.gz.part", "archive.tar.gz"]
 
 
 def test_a_download_longer_than_the_limit_is_cut_off(tmp_path):

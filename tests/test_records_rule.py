@@ -282,8 +282,9 @@ def test_the_train_summary_and_result_file_carry_p_and_the_threshold(capsys):
     one = make_result([0.99])
     assert one.to_dict()["record"] == {**one.to_dict()["record"], "reached": False, "p": None, "n": 1}
     assert "needs n >= 2 runs (n=1)" in summary_caption(one, capsys)
-    # diverged runs are not in the test: two finished of three
-    assert make_result([0.95, None, 0.95]).to_dict()["record"] == {**record, "reached": True, "p": 0.0, "n": 2}
+    # a diverged run is in the test as accuracy 0: three runs, and 0.95, 0, 0.95 do not show 94% reached
+    mixed = make_result([0.95, None, 0.95]).to_dict()["record"]
+    assert mixed["reached"] is False and mixed["n"] == 3 and mixed["p"] > 0.5
     assert make_result([None]).to_dict()["record"] is None
     assert "no run finished" in summary_caption(make_result([None]), capsys)
 
@@ -315,3 +316,19 @@ def test_train_refuses_a_bad_threshold_before_any_work(tmp_path, monkeypatch, ca
     assert captured.err == (f"speedrun: error: SPEEDRUN_RECORD_P={text} is not a p-value threshold in (0, 0.5]; give "
                             "e.g. 0.01 (the records rule's default, modded-nanogpt's)\n")  # no warning before it
     assert captured.out == "" and not out.exists()
+
+
+def test_the_leaderboard_counts_a_diverged_run_as_accuracy_zero():
+    """A stored row keeps the finished runs' n, mean and std; the runs table knows the diverged ones: the rule pools
+    them in as zeros, giving scipy's p of every run's accuracy."""
+    from speedrun.report.queries import judge
+
+    finished = [0.95, 0.951, 0.95]
+    row = {"target": 0.94, "accuracy": float(np.mean(finished)), "std_accuracy": float(np.std(finished, ddof=1)),
+           "n": 3, "diverged": 7}
+    reached, p = judge(row, 0.01)
+    expected = scipy.stats.ttest_1samp(finished + [0.0] * 7, 0.94, alternative="greater").pvalue
+    assert reached is False and p == pytest.approx(expected, rel=1e-9)
+    assert judge({**row, "diverged": 0}, 0.01)[0] is True
+    one = judge({"target": 0.5, "accuracy": 0.9, "std_accuracy": None, "n": 1, "diverged": 1}, 0.01)
+    assert one[1] == pytest.approx(scipy.stats.ttest_1samp([0.9, 0.0], 0.5, alternative="greater").pvalue)

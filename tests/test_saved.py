@@ -298,10 +298,9 @@ def test_hostile_predict_images_are_refused_naming_the_file(stem, tmp_path):
 
 
 def test_a_model_trained_with_selective_tta_is_scored_with_it(tmp_path, trained, monkeypatch):
-    """A card whose config selects TTA (tta_select) is scored as its training run was: the loaded model's logits
-    are selective TTA's, and evaluate_saved equals engine evaluate with the selective module."""
-    from speedrun.tricks.tta import SelectiveTTA, selective_tta_logits
-
+    """A card whose config selects TTA (tta_select) scores a test set as its training run did (the least confident
+    quarter of the whole set gets the views, at any batch size), while a prediction gives every image the full TTA
+    (it must not depend on the other images of the call)."""
     data, net, card = trained
     card = {**card, "config": {**card["config"], "tta_select": 0.25}}
     saved.save_model(tmp_path / "sel", net, card)
@@ -311,11 +310,13 @@ def test_a_model_trained_with_selective_tta_is_scored_with_it(tmp_path, trained,
     x = (data.test_images.float() / 255 - torch.tensor(card["mean"]).view(1, -1, 1, 1)) / \
         torch.tensor(card["std"]).view(1, -1, 1, 1)
     with torch.no_grad():
-        torch.testing.assert_close(model(data.test_images), selective_tta_logits(model.net, x, 2, 0.25), rtol=0, atol=0)
-        assert not torch.equal(model(data.test_images), tta_logits(model.net, x, 2))  # not full TTA
+        torch.testing.assert_close(model(data.test_images), tta_logits(model.net, x, 2), rtol=0, atol=0)
+        one = model(data.test_images[:1])
+        torch.testing.assert_close(one, model(data.test_images)[:1], rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
     root = _image_folder(tmp_path / "pics", data)
-    expected = evaluate(SelectiveTTA(net, 2, 0.25), data.test_images, data.test_labels,
-                        mean=torch.tensor(card["mean"]), std=torch.tensor(card["std"]), dtype=torch.float32,
-                        channels_last=False, tta_level=0)
-    assert saved.evaluate_saved(tmp_path / "sel", str(root), device="cpu")["accuracy"] == expected
+    kwargs = dict(mean=torch.tensor(card["mean"]), std=torch.tensor(card["std"]), dtype=torch.float32,
+                  channels_last=False, tta_level=2)
+    expected = evaluate(net, data.test_images, data.test_labels, tta_select=0.25, **kwargs)
+    for batch in (1, 5, 2000):
+        assert saved.evaluate_saved(tmp_path / "sel", str(root), device="cpu", batch_size=batch)["accuracy"] == expected

@@ -4,13 +4,12 @@ that benchmarks/table.py renders from its report."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_benchmark, save_tiny_cifar_models
 
 from speedrun.recipes import cifar
 from speedrun.run import export
@@ -18,26 +17,12 @@ from speedrun.run import export
 DATA = "synthetic:train=256,test=64"
 CFG = dataclasses.replace(cifar.cifar10_94(), widths=(8, 8, 8), batch_size=64, epochs=0.5, whiten_images=64,
                           eval_each_epoch=False)
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "selective_tta.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("selective_tta_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_settings_are_scored_side_by_side(tmp_path, monkeypatch, capsys):
-    data = cifar.load_data(DATA, data_dir=None, image_size=None, log=lambda line: None)
-    stems = []
-    for seed in range(2):
-        run = cifar.train_run(CFG, data, torch.device("cpu"), seed=seed)
-        card = {"recipe": "cifar10-94", "family": "cifar", "config": dataclasses.asdict(CFG),
-                **cifar.model_card(CFG, data), "dataset": DATA, "accuracy": run.accuracy, "seed": seed}
-        export.save_model(tmp_path / f"m{seed}", run.model.eval(), card)
-        stems.append(str(tmp_path / f"m{seed}"))
-    bench = _bench()
+    paths, data = save_tiny_cifar_models(tmp_path, CFG, DATA, range(2))
+    stems = [str(p) for p in paths]
+    bench = load_benchmark("selective_tta")
     out = tmp_path / "report.json"
     monkeypatch.setattr(sys, "argv", ["selective_tta.py", "--models", *stems, "--dataset", DATA, "--device", "cpu",
                                       "--fractions", "0.25,0.5", "--repeats", "2", "--json", str(out)])
@@ -61,7 +46,7 @@ def test_the_settings_are_scored_side_by_side(tmp_path, monkeypatch, capsys):
 
 
 def test_bad_fractions_and_too_few_models_are_refused(monkeypatch, capsys):
-    bench = _bench()
+    bench = load_benchmark("selective_tta")
     for argv in (["--models", "a", "b", "--dataset", "x", "--fractions", "0,0.5"],
                  ["--models", "a", "b", "--dataset", "x", "--fractions", "half"],
                  ["--models", "a", "--dataset", "x"]):

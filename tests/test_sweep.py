@@ -158,7 +158,7 @@ def test_the_issue_command_on_synthetic_data(tmp_path, capsys, monkeypatch):
     assert "there is no study 'other'" in capsys.readouterr().err
     assert _sweep(tmp_path, *space, "--space", "momentum=0.5:0.9", "--trials", "1", "--runs", "2", "--no-prune",
                   "--resume", "--study", name) == 2
-    assert "asks another question (it differs in space)" in capsys.readouterr().err
+    assert "asks another question (it differs in space;" in capsys.readouterr().err
     assert _sweep(tmp_path, *space, "--trials", "2", "--runs", "2", "--no-prune", "--resume") == 0
     assert [t.number for t in _trials_in(storage, name)] == [0, 1, 2, 3, 4]
 
@@ -269,16 +269,18 @@ def test_two_sweeps_on_one_study_keep_every_trial(tmp_path, fake_training, monke
 
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    space = ["--space", "label_smoothing=0,0.1,0.2", "--storage", storage, "--study", "shared", "--runs", "1"]
+    space = ["--space", "label_smoothing=0,0.1,0.2", "--storage", storage, "--study", "shared", "--runs", "1",
+             "--no-prune"]
     assert _sweep(tmp_path, *space, "--trials", "1") == 0
     done = []
 
     def work(i):  # the API: the CLI's signal handlers belong to the main thread
         report, _, _ = sweeping.sweep("cifar10-94", space=["label_smoothing=0,0.1,0.2"], trials=4, runs=1,
-                                      dataset="synthetic:train=64,test=16", device="cpu", epochs=2.0, seed=i + 1,
+                                      dataset="synthetic:train=64,test=16", device="cpu", epochs=2.0,
                                       overrides={"batch_size": "32", "widths": "8,16,16", "whiten_images": "32",
                                                  "cpu_threads": "1"},
                                       storage=storage, study="shared", resume=True, db_path=tmp_path / "r.db",
+                                      prune=False,
                                       log=lambda line: None)
         done.append(report["trials_this_process"])
 
@@ -301,7 +303,7 @@ def test_two_processes_on_one_storage_keep_every_trial(tmp_path):
             str(tmp_path / "r.db")]
     env = {**os.environ, "SPEEDRUN_RESULTS": str(tmp_path / "results")}
     subprocess.run([*base, "--trials", "1"], check=True, env=env, capture_output=True)
-    workers = [subprocess.Popen([*base, "--trials", "3", "--resume", "--seed", str(i + 1)], env=env,
+    workers = [subprocess.Popen([*base, "--trials", "3", "--resume"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
     for w in workers:
         _, err = w.communicate(timeout=300)
@@ -366,3 +368,134 @@ def test_tensorboard_gets_each_run_of_each_trial(tmp_path, fake_training, monkey
     (command_folder,) = (tmp_path / "tb").iterdir()
     runs = sorted(str(p.parent.relative_to(command_folder)) for p in command_folder.rglob("events.out.tfevents.*"))
     assert runs == ["trial-0/seed-0", "trial-0/seed-1", "trial-1/seed-0", "trial-1/seed-1"]
+
+
+def test_each_trial_is_warmed_up_in_its_own_configuration_before_its_runs(tmp_path, fake_training, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    events = []
+    monkeypatch.setattr(sweeping, "warm_up", lambda family, cfg, *a: events.append(("warm", cfg.label_smoothing,
+                                                                                    cfg.lr_per_1024)) or 0.25)
+    fake_training["accuracy"] = lambda call, cfg, seed: events.append(("run", cfg.label_smoothing,
+                                                                       cfg.lr_per_1024)) or 0.5
+    assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1,0.2", "--space", "lr_per_1024=8,9", "--sampler",
+                  "grid", "--trials", "6", "--runs", "2") == 0
+    for k in range(6):  # each trial: its own warm-up, then its runs in the same configuration
+        warm, first, second = events[3 * k: 3 * k + 3]
+        assert warm[0] == "warm" and first == second == ("run", *warm[1:])
+    assert len({e[1:] for e in events}) == 6
+    trials = _trials_in(f"sqlite:///{tmp_path / 'r.sweeps.db'}", _study_name(tmp_path))
+    assert all(t.user_attrs["warmup_seconds"] == 0.25 for t in trials)
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--space", "target_accuracy=0.01,0.9", "--objective", "time", "--runs", "2"], "--space target_accuracy"),
+    (["--space", "target_accuracy=0.5:0.9"], "--space target_accuracy"),
+    (["--space", "eval_each_epoch=true,false"], "--space eval_each_epoch"),
+    (["--space", "eval_each_epoch=true,false", "--objective", "time", "--runs", "2"], "--space eval_each_epoch"),
+    (["--space", "label_smoothing=0,0.1", "--space", "target_accuracy=0.5,0.6"], "--space target_accuracy"),
+])
+def test_the_space_refuses_what_defines_the_measure(argv, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _sweep(tmp_path, *argv, "--write-settings", "best.json") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and fragment in err and "defines what the sweep measures" in err, err
+    assert not list(tmp_path.iterdir())
+    # the budget defines the accuracy objective's measure, not the time objective's
+    with pytest.raises(ValueError, match="--space epochs: epochs defines what the sweep measures"):
+        sweeping.parse_space(["epochs=1:3"], REC, None, {}, "accuracy")
+    assert sweeping.parse_space(["epochs=1:3"], REC, None, {}, "time")[0].key == "epochs"
+
+
+@pytest.mark.parametrize("value", ["2", "0", "nan", "x"])
+def test_a_bad_record_p_is_refused_before_any_work(value, tmp_path, capsys, monkeypatch, fake_training):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPEEDRUN_RECORD_P", value)
+    for objective in (["--objective", "time", "--runs", "2"], []):
+        assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", *objective) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "SPEEDRUN_RECORD_P" in err, err
+    assert not list(tmp_path.iterdir()) and fake_training["n"] == 0
+
+
+def test_a_resume_must_repeat_runs_seed_and_threshold(tmp_path, capsys, monkeypatch, fake_training):
+    monkeypatch.chdir(tmp_path)
+    space = ["--space", "label_smoothing=0,0.1", "--trials", "1", "--objective", "time"]
+    assert _sweep(tmp_path, *space, "--runs", "2", "--seed", "4") == 0
+    name = _study_name(tmp_path)
+    capsys.readouterr()
+    for extra, fragment in [(["--runs", "3", "--seed", "4"], "differs in runs; the study's: runs 2)"),
+                            (["--runs", "2", "--seed", "5"], "differs in seed; the study's: seed 4)"),
+                            (["--runs", "3"], "differs in runs, seed; the study's: runs 2; seed 4)")]:
+        assert _sweep(tmp_path, *space, *extra, "--resume") == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and fragment in err, err
+    monkeypatch.setenv("SPEEDRUN_RECORD_P", "0.05")
+    assert _sweep(tmp_path, *space, "--runs", "2", "--seed", "4", "--resume") == 2
+    assert "differs in record_p; the study's: record_p 0.01)" in capsys.readouterr().err
+    monkeypatch.delenv("SPEEDRUN_RECORD_P")
+    assert _sweep(tmp_path, *space, "--runs", "2", "--seed", "4", "--resume") == 0
+    assert len(_trials_in(f"sqlite:///{tmp_path / 'r.sweeps.db'}", name)) == 2
+
+
+def test_an_interrupted_sweep_keeps_its_bookkeeping_and_writes_settings(tmp_path, capsys, monkeypatch,
+                                                                          fake_training):
+    monkeypatch.chdir(tmp_path)
+
+    def accuracy(call, cfg, seed):  # trial 0: runs 0, 1; trial 1: run 2 finishes, Ctrl-C in run 3
+        if call == 3:
+            raise KeyboardInterrupt
+        return 0.5 + cfg.label_smoothing
+
+    fake_training["accuracy"] = accuracy
+    assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--sampler", "grid", "--trials", "2", "--runs", "2",
+                  "--write-settings", "best.json", quiet=False) == 130
+    captured = capsys.readouterr()
+    assert "3 finished run(s)" in captured.err, captured.err
+    assert "the best of the trials completed before the sweep stopped" in captured.err
+    trials = _trials_in(f"sqlite:///{tmp_path / 'r.sweeps.db'}", _study_name(tmp_path))
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+    stopped = trials[1].user_attrs
+    assert stopped["n"] == 1 and stopped["mean"] is not None and stopped["result_id"] is not None
+    assert "KeyboardInterrupt" in stopped["error"]
+    row = [line for line in captured.out.splitlines() if line.strip().startswith("1 fail")][0]
+    assert " n/a " not in row and " 1 " in row
+    conn = db.connect(tmp_path / "r.db")
+    assert conn.execute("SELECT sum(n) FROM results").fetchone()[0] == 3
+    conn.close()
+    settings = json.loads((tmp_path / "best.json").read_text())
+    assert settings["measured"]["trial"] == 0 and settings["measured"]["complete"] is False
+
+
+def test_an_interrupt_before_any_trial_completed_writes_no_settings(tmp_path, capsys, monkeypatch, fake_training):
+    monkeypatch.chdir(tmp_path)
+
+    def accuracy(call, cfg, seed):
+        if call == 1:
+            raise KeyboardInterrupt
+        return 0.5
+
+    fake_training["accuracy"] = accuracy
+    assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--trials", "2", "--runs", "2",
+                  "--write-settings", "best.json") == 130
+    err = capsys.readouterr().err
+    assert "none written to best.json" in err and "1 finished run(s)" in err, err
+    assert not (tmp_path / "best.json").exists()
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--storage", "sqlite://"], "an in-memory database ends with this process"),
+    (["--storage", "sqlite:///"], "an in-memory database ends with this process"),
+    (["--storage", "sqlite:///:memory:"], "an in-memory database ends with this process"),
+    (["--storage", "sqlite+pysqlite:///:memory:"], "an in-memory database ends with this process"),
+    (["--storage", "sqlite:///file:db?mode=memory&uri=true"], "an in-memory database ends with this process"),
+    (["--study", ""], "--study: give a name of 1 to 200 characters, not blank"),
+    (["--study", "   "], "--study: give a name of 1 to 200 characters, not blank"),
+    (["--study", "x" * 201], "--study: give a name of 1 to 200 characters"),
+])
+def test_a_study_must_outlive_the_process_and_have_a_name(argv, fragment, tmp_path, capsys, monkeypatch,
+                                                          fake_training):
+    monkeypatch.chdir(tmp_path)
+    assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", *argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and fragment in err, err
+    assert not list(tmp_path.iterdir()) and fake_training["n"] == 0

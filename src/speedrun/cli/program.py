@@ -136,7 +136,7 @@ def _recipes_command(args) -> int:
 _COMMANDS = {"train": ("train_commands", "train_command", True),
              "bench": ("train_commands", "bench_command", True),
              "ablate": ("train_commands", "ablate_command", True),
-             "eval": ("train_commands", "eval_command", False),
+             "eval": ("train_commands", "eval_command", True),
              "predict": ("train_commands", "predict_command", False),
              "bench-loader": ("train_commands", "bench_loader_command", True),
              "profile": ("train_commands", "profile_command", True),

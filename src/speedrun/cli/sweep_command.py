@@ -38,8 +38,8 @@ def sweep_lines(report: dict) -> list[str]:
             f"mean timed seconds to the {100 * report['target']:g}% target, minimized")
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): study {report['study']}, "
              f"{report['trials_total']} trial(s) ({len(report['trials_this_process'])} by this command), "
-             f"{report['runs']} run(s) each (seeds {report['seed']}..{report['seed'] + report['runs'] - 1}); {what}; "
-             f"p: one-sided t-test of the accuracies against the target",
+             f"{report['runs']} run(s) per trial (seeds {report['seed']}..{report['seed'] + report['runs'] - 1}; "
+             f"n: the runs a trial finished); {what}; p: one-sided t-test of the accuracies against the target",
              f"{'trial':>5} {'state':9} {'objective (95% CI)':>26} {'n':>3} {'p':>8}  parameters"]
     shown = report["trials"][-MAX_TABLE_TRIALS:]
     if report["trials_total"] > len(shown):
@@ -71,32 +71,43 @@ def sweep_command(args, argv: list[str]) -> int:
     settings_path = (claim_result_path(args.write_settings, "--write-settings") if args.write_settings is not None
                      else None)
     written = False
-    try:
-        report, path, stored = sweep(
-            args.recipe, space=args.space, trials=args.trials, runs=args.runs, objective=args.objective,
-            dataset=args.dataset, device=args.device, epochs=args.epochs, seed=args.seed, data_dir=args.data_dir,
-            overrides=overrides, storage=args.storage, study=args.study, resume=args.resume, prune=args.prune,
-            sampler=args.sampler, db_path=args.db, json_path=args.json, command=dist.command_line(argv),
-            tensorboard=args.tensorboard,
-            log=(lambda line: None) if args.quiet else err)
+
+    def on_report(report: dict, path, stored) -> None:
+        """The table, the report's line and the settings file: on a finished sweep and on one stopped part way
+        (Ctrl-C, an error after some runs), from the trials completed so far."""
+        nonlocal written
         for line in sweep_lines(report):
             out(line)
         err(f"report: {path} ({'not stored in the results database' if stored is None else f'stored as #{stored}'});"
             f" study {report['study']} in {report['storage']} (--resume --study {report['study']} adds trials)")
-        if settings_path is not None:
-            values = best_settings(report)
-            best = report["best"]
-            write_settings(settings_path, recipe=report["recipe"], device=report["device"],
-                           device_name=report["environment"]["device_name"], settings=values, written_by="sweep",
-                           measured={"command": report["command"],
-                                     "report": str(path), "stored_as": stored, "study": report["study"],
-                                     "storage": report["storage"], "trial": best["number"],
-                                     "objective": report["objective"], "mean": best["mean"], "ci95": best["ci95"],
-                                     "n": best["n"], "p": best["p"], "utc": report["environment"]["timestamp_utc"],
-                                     "epochs": report["epochs"], "dataset": report["dataset"]})
-            written = True
-            err(f"settings: {settings_path} (trial {best['number']}; speedrun train {report['recipe']} --settings "
-                f"{settings_path} applies them)")
+        if settings_path is None:
+            return
+        stopped = not report["complete"]
+        if stopped and report["best"] is None:
+            err(f"settings: none written to {settings_path}: the sweep stopped before any trial completed")
+            return
+        values = best_settings(report)
+        best = report["best"]
+        write_settings(settings_path, recipe=report["recipe"], device=report["device"],
+                       device_name=report["environment"]["device_name"], settings=values, written_by="sweep",
+                       measured={"command": report["command"],
+                                 "report": str(path), "stored_as": stored, "study": report["study"],
+                                 "storage": report["storage"], "trial": best["number"],
+                                 "objective": report["objective"], "mean": best["mean"], "ci95": best["ci95"],
+                                 "n": best["n"], "p": best["p"], "utc": report["environment"]["timestamp_utc"],
+                                 "epochs": report["epochs"], "dataset": report["dataset"], "complete": not stopped})
+        written = True
+        err(f"settings: {settings_path} (trial {best['number']}"
+            + (", the best of the trials completed before the sweep stopped" if stopped else "")
+            + f"; speedrun train {report['recipe']} --settings {settings_path} applies them)")
+
+    try:
+        sweep(args.recipe, space=args.space, trials=args.trials, runs=args.runs, objective=args.objective,
+              dataset=args.dataset, device=args.device, epochs=args.epochs, seed=args.seed, data_dir=args.data_dir,
+              overrides=overrides, storage=args.storage, study=args.study, resume=args.resume, prune=args.prune,
+              sampler=args.sampler, db_path=args.db, json_path=args.json, command=dist.command_line(argv),
+              tensorboard=args.tensorboard, on_report=on_report,
+              log=(lambda line: None) if args.quiet else err)
     finally:
         if settings_path is not None and not written:
             release_result_path(settings_path)

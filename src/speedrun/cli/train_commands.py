@@ -4,6 +4,7 @@ it only when one of these commands runs."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -240,7 +241,7 @@ def to_target_command(args, argv: list[str]) -> int:
     return EXIT_DIVERGED if bad else 0
 
 
-def eval_command(args) -> int:
+def eval_command(args, argv: list[str] | None = None) -> int:
     """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr. With --ensemble
     M1 M2 ...: a table of each model's accuracy and the ensemble's (ensemble_eval)."""
     ensemble = getattr(args, "ensemble", None)
@@ -248,7 +249,7 @@ def eval_command(args) -> int:
         raise ValueError(f"give either MODEL ({args.model}) or --ensemble MODEL MODEL ..., not both: with "
                          "--ensemble, name every model after it")
     if ensemble is not None:
-        return ensemble_eval(args)
+        return ensemble_eval(args, argv)
     if args.model is None:
         raise ValueError("give a saved model: speedrun eval MODEL --dataset D (or --ensemble MODEL MODEL ...)")
     quiet = getattr(args, "quiet", False)
@@ -266,13 +267,16 @@ _SMOKE_MODEL = ("note: {model} was saved by a smoke test (speedrun train --smoke
                 "mean(s) nothing; train without --smoke for a real model")
 
 
-def ensemble_eval(args) -> int:
+def ensemble_eval(args, argv: list[str] | None = None) -> int:
     """`speedrun eval --ensemble M1 M2 ... --dataset D`: per model and for the ensemble, the accuracy and the
     evaluation seconds on stdout; what is timed on stderr."""
     quiet = getattr(args, "quiet", False)
-    report, path = _report_to(getattr(args, "json", None), lambda: evaluate_ensemble(
-        args.ensemble, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
-        log=None if quiet else _log))
+    def make() -> dict:
+        report = evaluate_ensemble(args.ensemble, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
+                                   device=args.device, log=None if quiet else _log)
+        return {**report, "command": None if argv is None else shlex.join(["speedrun", *argv])}
+
+    report, path = _report_to(getattr(args, "json", None), make)
     for row in report["models"]:
         if row["smoke_test"]:
             err(_SMOKE_MODEL.format(model=row["model"], what="accuracy"))

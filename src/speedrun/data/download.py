@@ -5,11 +5,13 @@ Nothing here knows about particular datasets; `sources.py` holds the URL and che
 `archive.py`'s.
 
 Mirrors. A mirror URL names a folder, to which the file's name is appended (`https://host/cifar` and
-`https://host/cifar/` both give `https://host/cifar/cifar-10-python.tar.gz`), unless its last part is the file's
-own name: then it is the file itself. The URLs tried, in order (`mirror_urls`): each `--mirror URL` (the CLI's,
-through `given_mirrors`), each of $SPEEDRUN_MIRRORS (separated by spaces or commas), the file's published URL, then
-the mirrors its dataset's table lists. A file is accepted only when its checksum (MD5, or SHA-256 where that is
-what is published) matches, whichever mirror it came from.
+`https://host/cifar/` both give `https://host/cifar/cifar-10-python.tar.gz`), unless its path's last part is the
+file's own name: then it is the file itself. A query stays after the path the name is joined to
+(`https://host/get?dir=c` gives `https://host/get/cifar-10-python.tar.gz?dir=c`); a #fragment is refused. The
+URLs tried, in order (`mirror_urls`): each `--mirror URL` (the CLI's, through `given_mirrors`), each of
+$SPEEDRUN_MIRRORS (separated by spaces or commas), the file's published URL, then the mirrors its dataset's table
+lists. A file is accepted only when its checksum (MD5, or SHA-256 where that is what is published) matches,
+whichever mirror it came from.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import http.client
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -43,6 +47,13 @@ except ImportError:  # pragma: no cover - Windows
 _CHUNK = 1 << 20  # 1 MiB: big enough to keep urllib and hashlib overhead negligible
 # No byte for this long and the mirror counts as stalled: the next one is tried (SPEEDRUN_DOWNLOAD_TIMEOUT).
 DEFAULT_TIMEOUT_S = 30.0
+# Fewer bytes a second than this, on average over twice the timeout, and the mirror counts as too slow: a byte now
+# and then never trips the timeout alone (SPEEDRUN_DOWNLOAD_MIN_RATE; 0 turns it off).
+DEFAULT_MIN_RATE = 1000.0
+# A partial or lock file is opened without following a link at its name, and without blocking on a FIFO there, so
+# fstat can say what it is before anything is written (Windows has neither flag).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _SCHEMES = ("http", "https", "file")
 _REDRAW_S = 0.25  # the terminal bar's redraws: 4 a second reads as live without costing the transfer anything
 # The --mirror URLs of the command being run (the CLI sets them as it parses: cli/parser.py).
@@ -123,6 +134,9 @@ def check_mirror(url: str, where: str) -> str:
             or any(c.isspace() or not c.isprintable() for c in text)):
         raise ValueError(f"{where} {printable(url)!r:.200} is not an http, https or file URL; give a folder URL such "
                          "as https://host/datasets/ (the file's name is appended) or the file's own URL")
+    if "#" in text:  # a fragment never reaches the server, and the file's name cannot be joined after it
+        raise ValueError(f"{where} {printable(url)!r:.200} has a #fragment, which is never sent to the server; remove "
+                         "it (from the #) or write it %23 where it is part of a name")
     return text
 
 
@@ -143,17 +157,19 @@ def env_mirrors() -> tuple[str, ...]:
 
 
 def mirror_url(mirror: str, name: str) -> str:
-    """Where the mirror `mirror` keeps the file `name`: the mirror itself when its last part is `name`, else
-    `name` inside it (the module's docstring)."""
-    if urllib.parse.urlsplit(mirror).path.rsplit("/", 1)[-1] == urllib.parse.quote(name):
+    """Where the mirror `mirror` keeps the file `name`: the mirror itself when its path's last part is `name`, else
+    `name` joined to its path, its query kept after it (the module's docstring)."""
+    parts = urllib.parse.urlsplit(mirror)
+    if urllib.parse.unquote(parts.path.rsplit("/", 1)[-1]) == name:
         return mirror
-    return f"{mirror.rstrip('/')}/{urllib.parse.quote(name)}"
+    path = f"{parts.path.rstrip('/')}/{urllib.parse.quote(name)}"
+    return urllib.parse.urlunsplit(parts._replace(path=path))
 
 
 def mirror_urls(published: str, shipped: Sequence[str] = ()) -> list[str]:
     """Every URL to try for the file published at `published`, in order and without repeats: the given mirrors
     (--mirror), $SPEEDRUN_MIRRORS, the published URL, then `shipped` (the dataset table's mirrors)."""
-    name = urllib.parse.unquote(published.rsplit("/", 1)[-1])
+    name = urllib.parse.unquote(urllib.parse.urlsplit(published).path.rsplit("/", 1)[-1])
     given = [*_GIVEN_MIRRORS.get(), *env_mirrors()]
     urls = [*(mirror_url(m, name) for m in given), published, *(mirror_url(m, name) for m in shipped)]
     return list(dict.fromkeys(urls))
@@ -171,6 +187,22 @@ def download_timeout() -> float:
     if not 0 < value <= 86400:  # NaN fails this too
         raise ValueError(f"SPEEDRUN_DOWNLOAD_TIMEOUT={printable(text)!r:.60} is not a number of seconds above 0 and "
                          f"at most 86400; set e.g. 120, or unset it for {DEFAULT_TIMEOUT_S:g} s")
+    return value
+
+
+def download_min_rate() -> float:
+    """Bytes a second a mirror must average over each span of twice the timeout (its headers within the first),
+    or count as too slow: $SPEEDRUN_DOWNLOAD_MIN_RATE, else 1000; 0 turns the check off."""
+    text = os.environ.get("SPEEDRUN_DOWNLOAD_MIN_RATE", "").strip()
+    if not text:
+        return DEFAULT_MIN_RATE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1e12:  # NaN fails this too
+        raise ValueError(f"SPEEDRUN_DOWNLOAD_MIN_RATE={printable(text)!r:.60} is not a number of bytes a second from "
+                         f"0 (no minimum) to 1e12; set e.g. 500, or unset it for {DEFAULT_MIN_RATE:g}")
     return value
 
 
@@ -259,15 +291,13 @@ def _download_lock(dest: Path, log: Callable[[str], None]) -> Iterator[bool]:
     no fcntl (Windows) or the file system refuses locks, this does nothing: publishing stays safe (see fetch),
     at worst two processes both download.
     """
-    fd = _lock_file(dest.with_name(f".{dest.name}.lock"), dest.name, log) if fcntl is not None else None
+    lock_path = dest.with_name(f".{dest.name}.lock")
+    fd = _lock_file(lock_path, dest.name, log) if fcntl is not None else None
     try:
         yield fd is not None
     finally:
         if fd is not None:
-            try:
-                os.unlink(dest.with_name(f".{dest.name}.lock"))  # while still holding it: see above
-            except OSError:
-                pass
+            _remove_own(lock_path, os.fstat(fd))  # while still holding it: see above
             os.close(fd)
 
 
@@ -275,7 +305,7 @@ def _lock_file(lock_path: Path, name: str, log: Callable[[str], None]) -> int | 
     """An open descriptor holding an exclusive flock on the file now at `lock_path`; None where locks fail."""
     while True:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_own(lock_path, os.O_RDWR)
         except OSError:
             return None  # an unwritable directory: the download itself will say so
         try:
@@ -288,12 +318,79 @@ def _lock_file(lock_path: Path, name: str, log: Callable[[str], None]) -> int | 
             os.close(fd)
             return None
         try:
-            current = os.stat(lock_path)
+            current = os.lstat(lock_path)
         except FileNotFoundError:
             current = None
         if current is not None and os.path.samestat(current, os.fstat(fd)):
             return fd
         os.close(fd)  # the holder before us removed this file; lock the one there now
+
+
+def _open_own(path: Path, flags: int) -> int:
+    """os.open(path, flags), creating the file, for a file of this module's own beside `dest` (the partial file, the
+    lock). Its name is predictable and the folder may be writable by others, so whatever else is found there is
+    refused, untouched: a symbolic link (the download would overwrite what it points to), a FIFO or device (it
+    would block, or feed the download), a file with other names (a hard link to someone's file). O_NOFOLLOW refuses
+    a link itself; fstat on the open descriptor says what was opened, with no race between a check and the open."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o644)
+    except OSError:
+        try:
+            what = _not_own(os.lstat(path))
+        except OSError:
+            what = None
+        if what:
+            raise ValueError(_refusal(path, what)) from None
+        raise
+    what = _not_own(os.fstat(fd))
+    if what:
+        os.close(fd)
+        raise ValueError(_refusal(path, what))
+    if _NONBLOCK:
+        os.set_blocking(fd, True)
+    return fd
+
+
+def _not_own(st: os.stat_result) -> str | None:
+    """What the file of `st` is when it cannot be a partial or lock file this module made; None when it can."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device)"
+    if st.st_nlink > 1:
+        return f"a file with {st.st_nlink - 1} other name(s) (a hard link)"
+    return None
+
+
+def _refusal(path: Path, what: str) -> str:
+    return f"{path} is {what}, not a file a download made; remove it (nothing was written to it) and run again"
+
+
+def _remove_own(path: Path, identity: os.stat_result) -> None:
+    """Remove `path` if it still names the file of `identity` (one this module made), never whatever is there
+    instead."""
+    try:
+        if os.path.samestat(os.lstat(path), identity):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _present(dest: Path) -> bool:
+    """Whether there is a file at `dest` to reuse. A symbolic link to nothing is refused: exists() says no, yet no
+    file can be published under that name, so downloading would be for nothing."""
+    if dest.exists():
+        return True
+    if os.path.islink(dest):
+        try:
+            target = os.readlink(dest)
+        except OSError:
+            target = "?"
+        raise ValueError(f"{dest} is a symbolic link to {target}, which does not exist; remove the link (or point it "
+                         "at a good copy) to download it again")
+    return False
 
 
 @dataclass
@@ -307,6 +404,57 @@ class _Failure:
     restart: bool = False
 
 
+class _Parts:
+    """The files a fetch fills beside `dest`. kept: the partial file resumed from, which (with the lock) outlives a
+    failure for the next fetch. A mirror that starts again from byte 0 while `kept` holds bytes (it ignored the
+    Range, or is asked for the whole file because the kept start may be wrong) writes a `fresh` temporary file
+    instead, which replaces `kept` only once its checksum is right (promote): a mirror answering a resume with some
+    other page (a captive portal's 200) never costs the bytes kept."""
+
+    def __init__(self, kept: BinaryIO, path: Path, dest: Path):
+        self.kept, self.path, self.dest = kept, path, dest
+        self.identity = os.fstat(kept.fileno())  # what `path` must still name for this fetch to remove it
+        self.fresh: tuple[BinaryIO, Path] | None = None
+        self.resumed_from = 0  # bytes of the verified file that an earlier fetch received
+
+    def start_fresh(self) -> BinaryIO:
+        self.drop_fresh()
+        fd, name = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=".part", dir=self.dest.parent)
+        out = os.fdopen(fd, "w+b")
+        _share(out)
+        self.fresh = (out, Path(name))
+        return out
+
+    def drop_fresh(self) -> None:
+        if self.fresh is not None:
+            out, path = self.fresh
+            self.fresh = None
+            out.close()
+            path.unlink(missing_ok=True)
+
+    def promote(self) -> None:
+        """The verified fresh file becomes the kept one, under its name."""
+        if self.fresh is None:
+            return
+        out, path = self.fresh
+        self.fresh = None
+        self.kept.close()
+        os.replace(path, self.path)  # replaces the name only: a link put there meanwhile is not followed
+        self.kept, self.identity = out, os.fstat(out.fileno())
+
+    def close(self) -> int:
+        """Close every file; the bytes the kept one holds."""
+        left = _length(self.kept) if not self.kept.closed else 0
+        self.kept.close()
+        self.drop_fresh()
+        return left
+
+
+def _share(out: BinaryIO) -> None:
+    if hasattr(os, "fchmod"):  # mkstemp makes it private; a download is as readable as its folder
+        os.fchmod(out.fileno(), 0o644)
+
+
 def fetch(
     urls: str | Sequence[str],
     dest: str | os.PathLike,
@@ -314,6 +462,7 @@ def fetch(
     log: Callable[[str], None] | None = None,
     *,
     timeout: float | None = None,
+    min_rate: float | None = None,
     max_bytes: int = limits.MAX_DOWNLOAD_BYTES,
 ) -> Path:
     """Make `dest` a verified copy of the file at `urls` (one URL, or mirrors tried in order), downloading only if
@@ -323,29 +472,33 @@ def fetch(
     or SHA-256 for a 64-digit `checksum`) matches, with a hard link that fails rather than replace an existing
     `dest`. So a crash, a cut connection or a wrong file never leaves something at `dest` that looks finished. An
     existing `dest` is never deleted or overwritten: with the right checksum it is reused, with the wrong one
-    this raises and the user decides.
+    this raises and the user decides; a symbolic link to nothing there is refused before any download.
 
     Resuming: with the advisory lock held (one process downloads, the others wait and reuse its file), the
     partial file is `.<name>.part` and outlives a failure or Ctrl-C; the next fetch asks the next mirror only for
-    the rest (an HTTP Range request), or starts again from byte 0 when the server ignores the Range. Without a
-    lock (Windows, a file system refusing locks) each process writes its own temporary `.<name>.*.part`, removed
-    on failure, so two writers never share a file.
+    the rest (an HTTP Range request). A server that ignores the Range sends the whole file into a temporary file
+    beside it, which replaces the partial file only once its checksum is right. Without a lock (Windows, a file
+    system refusing locks) each process writes its own temporary `.<name>.*.part`, removed on failure, so two
+    writers never share a file. A partial or lock file that is a symbolic link, a FIFO, a device or a hard link
+    is refused and left alone: the folder may be writable by others.
 
-    Mirrors: a connection that fails, stalls for `timeout` seconds (default: download_timeout()) or closes early
-    moves on to the next URL, keeping the bytes for it to resume; a file whose checksum is wrong is deleted (the
-    partial file only) and the next URL tried, with a warning naming the mirror and both checksums. When every URL
-    fails, one error names each with its reason, the checksum and where to put the file by hand. A response
-    longer than `max_bytes` is cut off and refused as it arrives, so a server sending without end cannot fill the
-    disk.
+    Mirrors: a connection that fails, stalls for `timeout` seconds (default: download_timeout()), averages fewer
+    than `min_rate` bytes a second over twice that (default: download_min_rate(); its headers must come within
+    it) or closes early moves on to the next URL, keeping the bytes for it to resume; a file whose checksum is
+    wrong is deleted (the partial file only) and the next URL tried, with a warning naming the mirror and both
+    checksums. When every URL fails, one error names each with its reason, the checksum and where to put the file
+    by hand. A response longer than `max_bytes` is cut off and refused as it arrives, so a server sending without
+    end cannot fill the disk.
     """
     log = log or _no_log
     urls = [urls] if isinstance(urls, str) else list(urls)
     dest = Path(dest)
     algorithm = hash_name(checksum)
     checksum = checksum.lower()
-    if dest.exists():
+    if _present(dest):
         return _reuse(dest, checksum, log)
     timeout = download_timeout() if timeout is None else timeout
+    min_rate = download_min_rate() if min_rate is None else min_rate
     offline_fix = f"put {dest.name} ({algorithm} {checksum}) in {dest.parent} or pass data_dir (--data-dir)"
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -356,36 +509,56 @@ def fetch(
                              f"to another folder, or {offline_fix}") from None
         raise ValueError(f"cannot create {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
     with _download_lock(dest, log) as locked:
-        if dest.exists():  # another process published it while we waited
+        if _present(dest):  # another process published it while we waited
             return _reuse(dest, checksum, log)
         # Opened before any URL is: a folder we cannot write in is refused without network traffic.
         try:
             if locked:
                 part = dest.with_name(f".{dest.name}.part")
                 # What an earlier fetch left is kept, to resume it.
-                out = os.fdopen(os.open(part, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
+                out = os.fdopen(_open_own(part, os.O_RDWR), "r+b")
             else:
                 fd, part_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
                 part = Path(part_name)
                 out = os.fdopen(fd, "w+b")
-                if hasattr(os, "fchmod"):  # mkstemp makes it private; a download is as readable as its folder
-                    os.fchmod(out.fileno(), 0o644)
+                _share(out)
         except OSError as e:
             raise ValueError(f"cannot write in {dest.parent} ({e}); fix its permissions or {offline_fix}") from None
-        done = False
+        parts = _Parts(out, part, dest)
+        done, left = False, 0
         try:
-            with out:
-                start = time.perf_counter()
-                size = _from_mirrors(urls, out, part, dest, checksum, offline_fix, timeout, max_bytes, log,
+            start = time.perf_counter()
+            try:
+                size = _from_mirrors(urls, parts, checksum, offline_fix, timeout, min_rate, max_bytes, log,
                                      resumable=locked)
-            published = publish(part, dest)
+                parts.promote()
+                verified = os.fstat(parts.kept.fileno())
+            finally:
+                left = parts.close()
+            if not publish(part, dest):
+                log(f"another process published {dest.name} first")
+                reused = _reuse(dest, checksum, log)  # raising, our verified file stays (locked) for the next fetch
+                done = True
+                return reused
+            try:
+                published = os.lstat(dest)
+            except OSError:
+                published = None
+            if published is None or not os.path.samestat(published, verified):
+                # `part` was replaced after it was verified: what got the name is not the verified file.
+                if published is not None and not stat.S_ISDIR(published.st_mode):
+                    os.unlink(dest)  # the name this fetch just made
+                raise ValueError(f"{part} was replaced by another program while {dest.name} was checked, so nothing "
+                                 f"was published; remove {part} and run again")
             done = True
-            if published:
-                log(f"downloaded {dest.name}: {size / 1e6:.1f} MB in {time.perf_counter() - start:.1f} s, "
-                    f"{algorithm} ok")
-                return dest
-            log(f"another process published {dest.name} first")
-            return _reuse(dest, checksum, log)
+            seconds = time.perf_counter() - start
+            received = size - parts.resumed_from
+            if received:
+                resumed = f", resumed from byte {parts.resumed_from}" if parts.resumed_from else ""
+                log(f"downloaded {dest.name}: {_size(received)} in {seconds:.1f} s{resumed}, {algorithm} ok")
+            else:
+                log(f"{dest.name}: all of it was left by an earlier download in {part.name}, {algorithm} ok")
+            return dest
         except OSError as e:
             if isinstance(e, FileNotFoundError):
                 raise
@@ -393,15 +566,8 @@ def fetch(
         finally:
             # Published, `part` is only a second name of `dest`. Otherwise (every mirror failed, Ctrl-C) what arrived
             # stays for the next fetch to resume, when there is one: a private temporary file has none.
-            if done or not locked or not _nonempty(part):
-                part.unlink(missing_ok=True)
-
-
-def _nonempty(path: Path) -> bool:
-    try:
-        return path.stat().st_size > 0
-    except OSError:
-        return False
+            if done or not locked or not left:
+                _remove_own(part, parts.identity)
 
 
 def _length(out: BinaryIO) -> int:
@@ -409,15 +575,18 @@ def _length(out: BinaryIO) -> int:
     return os.fstat(out.fileno()).st_size
 
 
-def _from_mirrors(urls: list[str], out: BinaryIO, part: Path, dest: Path, checksum: str, offline_fix: str,
-                  timeout: float, max_bytes: int, log: Callable[[str], None], *, resumable: bool) -> int:
-    """Fill `out` with the verified file from the first URL that gives it, and return its size; when none does,
-    raise one line naming each URL with its reason. resumable: `part` outlives a failure (fetch)."""
+def _from_mirrors(urls: list[str], parts: _Parts, checksum: str, offline_fix: str, timeout: float, min_rate: float,
+                  max_bytes: int, log: Callable[[str], None], *, resumable: bool) -> int:
+    """Fill parts.kept (or a fresh file, parts.fresh) with the verified file from the first URL that gives it, and
+    return its size; when none does, raise one line naming each URL with its reason. resumable: parts.path
+    outlives a failure (fetch)."""
     algorithm = hash_name(checksum)
-    held = _length(out)
+    dest, part = parts.dest, parts.path
+    held = _length(parts.kept)
+    parts.resumed_from = held
     if held:
         # Left by an earlier fetch: complete when it stopped between the last byte and the check.
-        if _digest(out, algorithm) == checksum:
+        if _digest(parts.kept, algorithm) == checksum:
             log(f"{part.name} left by an earlier download is the whole {dest.name}")
             return held
         log(f"resuming {dest.name} from byte {held} ({part.name})")
@@ -426,28 +595,28 @@ def _from_mirrors(urls: list[str], out: BinaryIO, part: Path, dest: Path, checks
     suspects: list[str] = []  # mirrors that did not continue the partial file: it, or they, are not the file
     try:
         for i, url in enumerate(urls):
-            failure = _transfer(url, out, dest, checksum, timeout, max_bytes, log, progress)
+            failure = _transfer(url, parts, checksum, timeout, min_rate, max_bytes, log, progress)
             if failure is None:
-                return _length(out)
+                return _verified(parts)
+            parts.drop_fresh()
             failures.append((url, failure))
             if failure.restart:
                 suspects.append(url)
             if i + 1 < len(urls):
                 warn(f"{dest.name}: mirror {url} failed ({failure.reason}); trying the next, {urls[i + 1]}")
-        if suspects and _length(out):
+        if suspects and _length(parts.kept):
             # Every mirror failed, and some would not continue the partial file: its start may be what is wrong (a
             # wrong file cut short earlier), so the first of them is asked once more for the whole file.
             log(f"starting {dest.name} again from byte 0 from {suspects[0]}")
-            out.seek(0)
-            out.truncate()
-            failure = _transfer(suspects[0], out, dest, checksum, timeout, max_bytes, log, progress)
+            failure = _transfer(suspects[0], parts, checksum, timeout, min_rate, max_bytes, log, progress, whole=True)
             if failure is None:
-                return _length(out)
+                return _verified(parts)
+            parts.drop_fresh()
             failures.append((f"{suspects[0]} from byte 0", failure))
     finally:
         progress.close()
     tried = "; ".join(f"{url} ({failure.reason})" for url, failure in failures)
-    left = _length(out)
+    left = _length(parts.kept)
     kept = f"; the {left} bytes received are kept in {part} to resume from" if resumable and left else ""
     text = (f"cannot download {dest.name}: tried {tried}{kept}; {offline_fix}, or give a mirror that holds it "
             f"(--mirror URL, SPEEDRUN_MIRRORS)")
@@ -456,14 +625,73 @@ def _from_mirrors(urls: list[str], out: BinaryIO, part: Path, dest: Path, checks
     raise FileNotFoundError(text)
 
 
-def _transfer(url: str, out: BinaryIO, dest: Path, checksum: str, timeout: float, max_bytes: int,
-              log: Callable[[str], None], progress: _Progress) -> _Failure | None:
-    """One request for the rest of the file (all of it when `out` is empty); None when `out` then holds the file."""
+def _verified(parts: _Parts) -> int:
+    """The size of the file a transfer just verified; a fresh one owes nothing to an earlier fetch."""
+    if parts.fresh is not None:
+        parts.resumed_from = 0
+        return _length(parts.fresh[0])
+    return _length(parts.kept)
+
+
+class _TooSlow(Exception):
+    """A mirror that sends, but too slowly to count (its reason the message)."""
+
+
+def _open(request: urllib.request.Request, timeout: float, within: float):
+    """urllib.request.urlopen(request), given up after `within` seconds: a server sending its headers a byte at a
+    time never trips the read timeout. The call runs in a daemon thread; one given up on ends by itself, and its
+    response, if one comes, is closed then."""
+    lock = threading.Lock()
+    box: dict = {}
+
+    def call():
+        try:
+            result = urllib.request.urlopen(request, timeout=timeout)
+        except BaseException as e:  # handed to the caller, which raises it
+            result = e
+        with lock:
+            if "late" in box:
+                if not isinstance(result, BaseException):
+                    result.close()
+                return
+            box["result"] = result
+
+    worker = threading.Thread(target=call, name="speedrun-download", daemon=True)
+    worker.start()
+    interrupted = True  # Ctrl-C while waiting: whatever the call brings is closed, now or when it comes
+    try:
+        worker.join(within)
+        interrupted = False
+    finally:
+        with lock:
+            result = box.pop("result", None)
+            if result is None or interrupted:
+                box["late"] = True
+        if interrupted and result is not None and not isinstance(result, BaseException):
+            result.close()
+    if result is None:
+        raise _TooSlow(f"too slow: no response headers within {within:g} s")
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _transfer(url: str, parts: _Parts, checksum: str, timeout: float, min_rate: float, max_bytes: int,
+              log: Callable[[str], None], progress: _Progress, *, whole: bool = False) -> _Failure | None:
+    """One request for the rest of the file (all of it when parts.kept is empty, or `whole`: then into a fresh
+    file); None when that file then holds the verified file."""
     algorithm = hash_name(checksum)
+    dest = parts.dest
+    out = parts.start_fresh() if whole else parts.kept
     offset = _length(out)
+    # The span over which the bytes a second are averaged: twice the read timeout, so that a mirror that goes
+    # silent is told as stalled (the timeout) before it is told as too slow.
+    window = 2 * timeout
     request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        response = _open(request, timeout, window) if min_rate else urllib.request.urlopen(request, timeout=timeout)
+    except _TooSlow as e:
+        return _Failure(str(e))
     except urllib.error.HTTPError as e:
         e.close()
         if e.code == 416 and offset:  # nothing past byte `offset` here: the partial file is not this mirror's file
@@ -483,9 +711,9 @@ def _transfer(url: str, out: BinaryIO, dest: Path, checksum: str, timeout: float
                                 f"continue byte {offset}", restart=True)
             total = span[1] if span[1] is not None else (offset + length if length is not None else None)
         elif offset:  # 200 (or a file: URL): the server ignored the Range and sends the whole file
-            log(f"{url} ignored the request to resume at byte {offset}: starting {dest.name} again from byte 0")
-            out.seek(0)
-            out.truncate()
+            out = parts.start_fresh()
+            log(f"{url} ignored the request to resume at byte {offset}: starting {dest.name} again from byte 0 in "
+                f"{parts.fresh[1].name}, keeping {parts.path.name} until it is verified")
             offset = 0
         elif status == 206:  # a part we did not ask for
             return _Failure("it answered a request for the whole file with a part (HTTP 206)")
@@ -496,6 +724,7 @@ def _transfer(url: str, out: BinaryIO, dest: Path, checksum: str, timeout: float
         out.seek(offset)
         read = getattr(response, "read1", None) or response.read  # read1: what has arrived, so stalls show at once
         received, start = 0, time.monotonic()
+        window_start, window_received = start, 0
         while True:
             try:
                 chunk = read(_CHUNK)
@@ -509,13 +738,20 @@ def _transfer(url: str, out: BinaryIO, dest: Path, checksum: str, timeout: float
                 break
             out.write(chunk)
             received += len(chunk)
+            window_received += len(chunk)
             if offset + received > max_bytes:
                 out.seek(offset)
                 out.truncate()
                 return _Failure(f"it sent more than {max_bytes} bytes, more than {dest.name} holds: not the published "
                                 "file", wrong=True)
-            elapsed = time.monotonic() - start
+            now = time.monotonic()
+            elapsed = now - start
             progress.update(offset + received, total, received / elapsed if elapsed > 0 else None)
+            if min_rate and now - window_start >= window:
+                if window_received < min_rate * (now - window_start):
+                    return _Failure(f"too slow: {window_received} bytes in {now - window_start:.1f} s, under "
+                                    f"{min_rate:g} B/s (SPEEDRUN_DOWNLOAD_MIN_RATE), after {offset + received} bytes")
+                window_start, window_received = now, 0
     if total is not None and offset + received < total:
         return _Failure(f"the connection closed after {offset + received} of {total} bytes")
     actual = _digest(out, algorithm)  # of the whole file: a resumed file's start came from an earlier transfer
@@ -549,15 +785,20 @@ def _content_range(text: str | None) -> tuple[int, int | None] | None:
 
 
 def publish(part: Path, dest: Path) -> bool:
-    """Give the verified `part` the name `dest`; False, touching nothing, if a `dest` appeared meanwhile."""
+    """Give the verified `part` the name `dest`; False, touching nothing, if a `dest` (a link to nothing too)
+    appeared meanwhile. A symbolic link at `part` is not followed: the link itself would get the name, which fetch
+    sees is not the file it verified."""
     try:
-        os.link(part, dest)  # atomic, and fails with FileExistsError instead of overwriting
+        try:
+            os.link(part, dest, follow_symlinks=False)  # atomic, and fails with FileExistsError instead of overwriting
+        except NotImplementedError:  # no linkat here: fetch's check after publishing catches a followed link
+            os.link(part, dest)
     except FileExistsError:
         return False
     except OSError:
         # No hard links here (some FUSE or SMB mounts): rename under the lock. On Windows os.rename refuses an
         # existing target by itself; elsewhere the lock, and this check, keep it from replacing one.
-        if dest.exists():
+        if os.path.lexists(dest):
             return False
         os.rename(part, dest)
     return True

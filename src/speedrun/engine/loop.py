@@ -20,7 +20,7 @@ from speedrun.data.loader import normalize
 from speedrun.engine.phases import phase
 from speedrun.engine.system import rng_state, set_rng_state, synchronize
 from speedrun.errors import Terminated
-from speedrun.tricks.tta import tta_logits
+from speedrun.tricks.tta import selective_tta_logits, tta_logits
 
 
 @dataclass
@@ -343,12 +343,14 @@ def untimed_warmup(device: torch.device, compile: bool, run: Callable[[], object
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
              std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,
-             batch_size: int = 2000, autocast=None, world: dist.World | None = None) -> float:
+             batch_size: int = 2000, autocast=None, world: dist.World | None = None,
+             tta_select: float | None = 0.0) -> float:
     """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device.
 
     Under torchrun each process scores a contiguous 1/K of the images and the counts are summed. `model` must be
     the bare (or compiled) module, not DDP's wrapper, whose forward would synchronize buffers across processes
-    that run different numbers of batches here.
+    that run different numbers of batches here. tta_select in (0, 1): selective TTA (tricks/tta.py), the views for
+    that fraction of the images scored here (of each process's share under torchrun), least confident first.
     """
     world = world or dist.World()
     n = len(images)
@@ -356,14 +358,24 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=images.device)  # correct, seen
+    amp = autocast if autocast is not None else contextlib.nullcontext
     with phase("evaluation"):
-        for start in range(lo, hi, batch_size):
-            stop = min(start + batch_size, hi)
-            x = normalize(images[start:stop], mean, std, dtype, channels_last)
-            with (autocast() if autocast is not None else contextlib.nullcontext()):
-                logits = tta_logits(model, x, tta_level)
-            counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
-            counts[1] += stop - start
+        if tta_level and tta_select and 0 < tta_select < 1:  # two passes: plain for all, views for the selected
+            def inputs(idx: torch.Tensor) -> torch.Tensor:
+                return normalize(images[lo + idx.to(images.device)], mean, std, dtype, channels_last)
+
+            with amp():
+                logits = selective_tta_logits(model, inputs, hi - lo, tta_level, tta_select, batch_size)
+            counts[0] += (logits.argmax(1) == labels[lo:hi]).sum()
+            counts[1] += hi - lo
+        else:
+            for start in range(lo, hi, batch_size):
+                stop = min(start + batch_size, hi)
+                x = normalize(images[start:stop], mean, std, dtype, channels_last)
+                with amp():
+                    logits = tta_logits(model, x, tta_level)
+                counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
+                counts[1] += stop - start
         model.train(was_training)
         dist.sum_(counts, world)
         correct, seen = counts.tolist()

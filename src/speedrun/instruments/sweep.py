@@ -9,8 +9,9 @@ is checked against the recipe's config before anything is opened or trained. The
 default; `random` and `grid` (lists and int ranges only) are the others.
 
 A trial trains seeds S .. S + K - 1 (the same seeds in every trial, so that trials differ by their parameters and
-not by their luck) with its parameters over the recipe (and --set), after one untimed warm-up of the recipe
-(bench.warm_up). Its objective:
+not by their luck) with its parameters over the recipe (and --set), after an untimed warm-up of that trial's own
+configuration (bench.warm_up: compile, autotune and other first-run costs fall there, not in its timed seconds). Its
+objective:
 - accuracy (maximized): the mean final test accuracy at the recipe's budget (or --epochs);
 - time (minimized): the mean timed seconds, where the runs reach the recipe's target by the records rule
   (records/stats.reaches_target: a one-sided t-test of the accuracies against the target, p < 0.01, n >= 2). A
@@ -18,8 +19,10 @@ not by their luck) with its parameters over the recipe (and --set), after one un
   minus its mean accuracy (0 where the mean is above the target but p is not small enough): worse than any trial
   that reaches the target (PENALTY_S is about 11.6 days of one run), and the closer to the target the better, so
   that the sampler still learns which way the target lies.
-A diverged run (NaN/inf loss) counts as accuracy 0. Each trial records as Optuna user attributes its mean, the 95%
-t-interval of that mean, n, the one-sided p against the target and whether it reached it.
+A diverged run (NaN/inf loss) counts as accuracy 0. The space may not hold what defines the measure
+(MEASURE_KEYS): the target, what only decides what the pruner sees, and, for the accuracy objective, the budget.
+Each trial records as Optuna user attributes its mean, the 95% t-interval of that mean, n, the one-sided p against
+the target and whether it reached it.
 
 Pruning (--prune; on by default when the recipe evaluates every epoch, eval_each_epoch): each run's per-epoch test
 accuracy is reported to Optuna at step run * STEP_STRIDE + epoch, so that every trial's run r, epoch e is compared
@@ -34,13 +37,17 @@ its own file, so that Optuna's tables and migrations never meet records/db.py's 
 locked or damaged never blocks the results). Several processes may add trials to one study (--resume in all but
 the first): Optuna's storage numbers and keeps each trial; TPE's constant liar keeps them from proposing the same
 point at once. A study's name is derived from the recipe, dataset, objective, budget and space unless --study gives
-one; a sampler is seeded with --seed plus the trials the study already holds, so that a resumed study does not
-propose its first points again.
+one. A study's question (what --resume must repeat) is those and --set, --runs, --seed and, for the time objective,
+the records rule's p threshold: every trial of a study is measured the same way. A new study's sampler is seeded
+with --seed; a resumed one's from the operating system, since resumes may run at once in several processes, which
+must not propose the same points. The storage must outlive the process (an in-memory SQLite URL is refused).
 
 Every trial's finished runs are stored in the results database as a training result of their own (its command line
 ends `# setting trial N of STUDY: k=v ...`), and at the end the whole study (every trial of every process so far,
 the best with its interval, Optuna's parameter importances where it gives them) as a "sweep" report, which the
-report's study section (report/study.py) draws.
+report's study section (report/study.py) draws. A sweep that stops part way (Ctrl-C, an error after some runs) keeps
+the interrupted trial's finished runs and statistics the same way as a finished trial's, and still writes and
+hands on its report (on_report).
 """
 
 from __future__ import annotations
@@ -86,6 +93,15 @@ STEP_STRIDE = 10_001  # > MAX_EPOCHS: run r's epoch e reports at step r * STEP_S
 PRUNE_STARTUP_TRIALS = 5  # MedianPruner's default: no trial is pruned before five have finished
 SQLITE_TIMEOUT_S = 60.0  # how long a process waits for another's write lock on an SQLite study
 MAX_REPORT_TRIALS = 5_000  # trials a stored report lists (the newest), to keep it far below a report's size limit
+# Config keys that define what a trial is judged by, not what it trains: searching them lets the sweep win by
+# moving the yardstick. objective -> key -> why (None: every objective).
+MEASURE_KEYS = {
+    None: {"target_accuracy": "it is the target the trials are judged against; set it with --set target_accuracy=",
+           "eval_each_epoch": "it changes no training, only whether the pruner sees a trial's epochs; set it with "
+                              "--set eval_each_epoch="},
+    "accuracy": {"epochs": "the accuracy objective is measured at a fixed budget, and a search of the budget finds "
+                           "the longest run; give --epochs, or search it with --objective time"},
+}
 
 
 def optuna_module():
@@ -126,11 +142,13 @@ class Param:
                          "without :log; give the values, or use --sampler tpe")
 
 
-def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str, Any]) -> list[Param]:
+def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str, Any],
+                objective: str = "accuracy") -> list[Param]:
     """The --space entries for recipe `rec`, each checked against its config: the key is a field (and not also
-    given with --set), a range is LOW < HIGH of the field's number type (LOW > 0 on a log scale), a list holds two
-    or more distinct values of the field's type, and the config with each bound or value (over --set and --epochs)
-    passes the recipe's own validation. Every refusal is one line naming the entry and the fix."""
+    given with --set) that does not define the measure (MEASURE_KEYS), a range is LOW < HIGH of the field's number
+    type (LOW > 0 on a log scale), a list holds two or more distinct values of the field's type, and the config
+    with each bound or value (over --set and --epochs) passes the recipe's own validation. Every refusal is one
+    line naming the entry and the fix."""
     if not items:
         raise ValueError("give the space to search: --space KEY=LOW:HIGH[:log] or --space KEY=A,B,C (repeatable)")
     cfg = runner.make_config(rec, epochs, overrides)
@@ -146,6 +164,9 @@ def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str
             hint = (f"{key} is not a config key: use {RUN_OPTIONS[key]}" if key in RUN_OPTIONS
                     else f"unknown config key {key[:60]!r}")
             raise ValueError(f"--space {shown}: {hint}; valid keys: {', '.join(sorted(types))}")
+        why = {**MEASURE_KEYS[None], **MEASURE_KEYS.get(objective, {})}.get(key)
+        if why is not None:
+            raise ValueError(f"--space {key}: {key} defines what the sweep measures and cannot be searched: {why}")
         if any(p.key == key for p in params):
             raise ValueError(f"--space {key} is given twice; give each key once")
         if key in overrides:
@@ -234,11 +255,29 @@ def default_study_name(recipe: str, dataset: str, objective: str, question: dict
     return f"{recipe}-{name[:60]}-{objective}-{digest}"
 
 
+def check_storage_url(url: str) -> None:
+    """Refuse (one line) what is not a database URL, and an SQLite database in memory (sqlite://, sqlite:///,
+    sqlite:///:memory:, mode=memory), which ends with the process: a study must outlive it for --resume."""
+    shown = shown_url(url)
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"--storage {shown}: not a database URL; give one such as sqlite:///study.db")
+    from sqlalchemy.engine import make_url  # Optuna's own dependency: here only after optuna_module()
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 -- SQLAlchemy's parse errors: _open_storage names them when it opens the URL
+        return
+    database = parsed.database or ""
+    if parsed.get_backend_name() == "sqlite" and (database in ("", ":memory:") or database.startswith("file::memory:")
+                                                  or parsed.query.get("mode") == "memory"):
+        raise ValueError(f"--storage {shown}: an in-memory database ends with this process, and a study must outlive "
+                         "it (--resume); give a file, e.g. sqlite:///study.db")
+
+
 def _open_storage(optuna, url: str):
     """Optuna's RDB storage at `url`; an SQLite file waits SQLITE_TIMEOUT_S for another process's write lock."""
     shown = shown_url(url)
-    if "://" not in url:
-        raise ValueError(f"--storage {shown}: not a database URL; give one such as sqlite:///study.db")
+    check_storage_url(url)
     engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine)
@@ -265,7 +304,7 @@ def _pruner(optuna):
     return RunwiseMedianPruner(n_startup_trials=PRUNE_STARTUP_TRIALS)
 
 
-def _sampler(optuna, name: str, params: list[Param], seed: int):
+def _sampler(optuna, name: str, params: list[Param], seed: int | None):
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if name == "random":
@@ -307,9 +346,11 @@ def _open_study(optuna, storage, name: str, *, shown: str, resume: bool, directi
         asked = study.user_attrs.get("question", question)
         if study.direction.name.lower() != direction or asked != question:
             differ = sorted(k for k in set(question) | set(_dict(asked)) if _dict(asked).get(k) != question.get(k))
+            values = "; ".join(f"{k} {json.dumps(_dict(asked).get(k))[:80]}" for k in differ)
             raise ValueError(f"--resume: study {name!r} in {shown} asks another question (it differs in "
-                             f"{', '.join(differ) or 'its direction'}); give the same recipe, dataset, objective, "
-                             "space, --epochs and --set, or another --study NAME")
+                             f"{', '.join(differ) or 'its direction'}; the study's: {values or 'another direction'})"
+                             "; give the same recipe, dataset, objective, space, --epochs, --set, --runs, --seed "
+                             f"and {stats.RECORD_P_ENV}, or another --study NAME")
     return study
 
 
@@ -321,9 +362,10 @@ class _Pruned(Exception):
     """Raised from a run's per-epoch callback when Optuna's pruner stops the trial."""
 
 
-def _score(objective: str, runs: list[RunResult], target: float) -> dict:
+def _score(objective: str, runs: list[RunResult], target: float, alpha: float | None = None) -> dict:
     """What a trial's runs measure: the objective's value (None with no finished run), its mean and 95% interval,
-    n, the one-sided p of the accuracies against `target` and whether they reach it (stats.reaches_target)."""
+    n, the one-sided p of the accuracies against `target` and whether they reach it (stats.reaches_target at
+    threshold `alpha`; None: the records rule's setting)."""
     accuracies = [0.0 if r.diverged is not None else r.accuracy for r in runs]  # a diverged run learned nothing
     seconds = [r.train_seconds for r in runs if r.diverged is None]
     out: dict[str, Any] = {"n": len(runs), "diverged": len(runs) - len(seconds), "target": target, "value": None,
@@ -336,7 +378,7 @@ def _score(objective: str, runs: list[RunResult], target: float) -> dict:
     if seconds:
         secs = stats.summarize(seconds, stats.NON_NEGATIVE)
         out["seconds"] = {"mean": secs.mean, "std": secs.std, "ci95": _ci(secs)}
-    reached, p = stats.reaches_target(acc.mean, acc.std, acc.n, target, alpha=None)  # the records rule's setting
+    reached, p = stats.reaches_target(acc.mean, acc.std, acc.n, target, alpha=alpha)
     out.update(p=p, reached=bool(reached) and not out["diverged"])
     if objective == "accuracy":
         out.update(value=acc.mean, mean=acc.mean, ci95=out["accuracy"]["ci95"])
@@ -358,17 +400,23 @@ def _trial_row(t) -> dict:
     return {"number": t.number, "state": t.state.name.lower(), "value": t.value,
             "params": {k: v for k, v in t.params.items()},
             **{k: attrs.get(k) for k in ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy",
-                                         "seconds", "result_id", "error", "pruned_at_epoch", "run_seeds")},
+                                         "seconds", "result_id", "error", "pruned_at_epoch", "run_seeds",
+                                         "warmup_seconds")},
             "started_utc": t.datetime_start.astimezone(timezone.utc).isoformat(timespec="seconds")
             if t.datetime_start else None,
             "finished_utc": t.datetime_complete.astimezone(timezone.utc).isoformat(timespec="seconds")
             if t.datetime_complete else None}
 
 
+# fANOVA fits a random forest to the completed trials: on a handful it returns confident-looking shares of noise
+# (2 and 4 trials of chance-level runs both gave one parameter 0.98), so none are shown below this many.
+MIN_IMPORTANCE_TRIALS = 8
+
+
 def _importances(optuna, study, completed: int) -> tuple[dict | None, str | None]:
     """Optuna's parameter importances (fANOVA) of the study, or None and why not."""
-    if completed < 2:
-        return None, f"{completed} completed trial(s): importances need two or more"
+    if completed < MIN_IMPORTANCE_TRIALS:
+        return None, f"{completed} completed trial(s): importances need {MIN_IMPORTANCE_TRIALS} or more"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -383,14 +431,16 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
           data_dir=None, overrides: dict[str, Any] | None = None, storage: str | None = None,
           study: str | None = None, resume: bool = False, prune: bool | None = None, sampler: str = "tpe",
           db_path: str | Path | None = None, json_path: str | Path | None = None, command: str | None = None,
-          tensorboard: str | Path | None = None,
+          tensorboard: str | Path | None = None, on_report: Callable[[dict, Path, int | None], None] | None = None,
           log: Callable[[str], None] = print_line) -> tuple[dict, Path | None, int | None]:
     """Run `trials` trials of the study (see the module); (the report, its file, its id in the results database).
 
     Every setting is checked, the results database opened and the report file claimed (json_path; None: a new
     results/<time>-sweep-<recipe>-<dataset>.json) before the study is opened or any data is read.
     tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
-    each run as trial-<n>/seed-<s>."""
+    each run as trial-<n>/seed-<s>. on_report(report, its file, its id): called once the report is written and
+    stored, whether the sweep finished or stopped part way (before that stop is raised again), so that what a
+    caller does with the report (a settings file) happens on both paths."""
     optuna = optuna_module()
     rec = runner.get_recipe(recipe)
     family = rec.module()
@@ -405,7 +455,8 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
     if objective == "time" and runs < 2:
         raise ValueError("--objective time judges each trial by the records rule, a t-test that needs n >= 2: "
                          "give --runs 2 or more")
-    params = parse_space(space, rec, epochs, overrides)
+    alpha = stats.record_alpha()  # a bad $SPEEDRUN_RECORD_P: refused before any storage or data is touched
+    params = parse_space(space, rec, epochs, overrides, objective)
     base = runner.make_config(rec, epochs, overrides)
     if prune is None:
         prune = bool(getattr(base, "eval_each_epoch", False))
@@ -418,10 +469,15 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
     dataset = rec.default_dataset if dataset is None else dataset
     question = {"recipe": rec.name, "dataset": str(dataset), "objective": objective, "epochs": epochs,
                 "set": {k: str(v) for k, v in sorted(overrides.items())}, "space": sorted(p.text for p in params)}
-    name = study or default_study_name(rec.name, dataset, objective, question)
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise ValueError("--study: give a name of 1 to 200 characters")
+    if study is not None and (not isinstance(study, str) or not study.strip() or len(study) > 200):
+        raise ValueError("--study: give a name of 1 to 200 characters, not blank (or leave out --study for the "
+                         "default name)")
+    # the name follows what is searched; runs, seeds and the threshold judge every trial alike, so a resume
+    # that changes them finds the study and is refused naming its values (_open_study)
+    name = study if study is not None else default_study_name(rec.name, dataset, objective, question)
+    question.update(runs=runs, seed=seed, **({"record_p": alpha} if objective == "time" else {}))
     url = storage if storage is not None else default_storage(db_path)
+    check_storage_url(url)
     shown = shown_url(url)
     dev = resolve_device(device)
 
@@ -437,18 +493,17 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
         level = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what each trial did
         try:
-            names = optuna.study.get_all_study_names(store)
-            held = len(optuna.load_study(study_name=name, storage=store).trials) if name in names else 0
             pruner = _pruner(optuna) if prune else optuna.pruners.NopPruner()
             the_study = _open_study(optuna, store, name, shown=shown, resume=resume, direction=direction,
-                                    question=question, sampler=_sampler(optuna, sampler, params, seed + held),
+                                    question=question, sampler=_sampler(optuna, sampler, params,
+                                                                        None if resume else seed),
                                     pruner=pruner)
             log(f"study {name} in {shown}: {len(the_study.trials)} trial(s) so far; {trials} more, {runs} run(s) "
                 f"each, {objective} ({direction}), sampler {sampler}, pruning {'on' if prune else 'off'}")
             report = _trials(optuna, the_study, family, rec, params, conn, path, log, base=base, trials=trials,
                              runs=runs, objective=objective, dataset=dataset, data_dir=data_dir, dev=dev,
                              epochs=epochs, seed=seed, overrides=overrides, command=command, shown=shown,
-                             sampler=sampler, prune=prune, board=board)
+                             sampler=sampler, prune=prune, board=board, alpha=alpha)
         finally:
             optuna.logging.set_verbosity(level)
         interrupt = report.pop("_interrupt", None)
@@ -462,6 +517,8 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
             except ValueError as e:  # db.UnusableDatabase: damaged, full, locked, read-only
                 stored = None
                 warn(f"the sweep report was not stored in the results database ({e}); it is in {path}")
+            if on_report is not None:
+                on_report(report, path, stored)
         if interrupt is not None:
             note_kept(interrupt, report["runs_finished"], path)
             raise interrupt
@@ -475,16 +532,16 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
 
 
 def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials, runs, objective, dataset, data_dir,
-            dev, epochs, seed, overrides, command, shown, sampler, prune, board) -> dict:
-    """Load the data, warm up, run the trials; the report (with "_interrupt": what stopped it, if anything)."""
+            dev, epochs, seed, overrides, command, shown, sampler, prune, board, alpha) -> dict:
+    """Load the data, run the trials, each after a warm-up of its own configuration; the report (with
+    "_interrupt": what stopped it, if anything)."""
     data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
     # a copy of a named dataset that is not its published files is recorded under its path, as train records it
     stored_as = os.fspath(data_dir) if getattr(data, "unofficial", "") and data_dir is not None else dataset
     family.check(base, data, dev, dist.World())
-    log("warm-up (untimed): the recipe")
-    warmup_seconds = warm_up(family, base, data, dev, None, "the recipe", log)
     mine: list[int] = []
     finished_runs = 0
+    warmup_seconds = 0.0
     interrupt: BaseException | None = None
     for _ in range(trials):
         if sampler == "grid" and study.sampler.is_exhausted(study):
@@ -493,7 +550,24 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
         trial = study.ask()
         mine.append(trial.number)
         done: list[RunResult] = []
-        cfg, shown_params = None, ""
+        cfg, shown_params, kept = None, "", False
+
+        def keep() -> dict:
+            """The trial's finished runs stored and its statistics set, once, on the normal and the stopped path
+            alike; its score."""
+            nonlocal finished_runs, kept
+            score = _score(objective, done, cfg.target_accuracy, alpha)
+            if not kept:
+                kept = True
+                finished_runs += len(done)
+                result_id = _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command,
+                                        study.study_name, trial.number, shown_params, log) if done else None
+                trial.set_user_attr("result_id", result_id)
+                for key in ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy", "seconds"):
+                    trial.set_user_attr(key, score[key])
+                trial.set_user_attr("run_seeds", [r.seed for r in done])
+            return score
+
         try:
             values = {p.key: p.suggest(trial) for p in params}
             shown_params = " ".join(f"{k}={set_text(v)}" for k, v in values.items())
@@ -505,7 +579,11 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 log(f"trial {trial.number}: {shown_params}: refused by the recipe ({e}); marked failed")
                 continue
-            log(f"trial {trial.number}: {shown_params}")
+            log(f"trial {trial.number}: {shown_params}; warm-up (untimed)")
+            # this configuration's own compile, autotune and first-run costs, outside its timed seconds
+            warmed = warm_up(family, cfg, data, dev, None, f"trial {trial.number}", log)
+            warmup_seconds += warmed
+            trial.set_user_attr("warmup_seconds", warmed)
             pruned_at = None
             for r in range(runs):
                 hook = _reporter(trial, r, objective) if prune else None
@@ -524,14 +602,8 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
                     break
                 run.model = None
                 done.append(run)
-            finished_runs += len(done)
-            score = _score(objective, done, cfg.target_accuracy)
-            result_id = _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command,
-                                    study.study_name, trial.number, shown_params, log) if done else None
-            for key in ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy", "seconds"):
-                trial.set_user_attr(key, score[key])
-            trial.set_user_attr("result_id", result_id)
-            trial.set_user_attr("run_seeds", [r.seed for r in done])
+            with signals_held():  # the runs stored and the statistics set whole
+                score = keep()
             if pruned_at is not None:
                 trial.set_user_attr("pruned_at_epoch", pruned_at)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -547,10 +619,13 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
             with signals_held(), contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 trial.set_user_attr("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
             with signals_held():
-                if done and cfg is not None and "result_id" not in trial.user_attrs:
-                    _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command, study.study_name,
-                                trial.number, shown_params, log)
+                if cfg is not None and not kept:
+                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                        keep()
                 study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            if done:
+                log(f"trial {trial.number}: stopped ({type(e).__name__}) after {len(done)} of {runs} run(s); "
+                    "those are kept, the trial marked failed")
             if not isinstance(e, KeyboardInterrupt) and not finished_runs:
                 raise
             interrupt = e

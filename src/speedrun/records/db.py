@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from speedrun.paths import user_path
 from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_train_result, load_result,
-                                          parse_result)
+                                          parse_result, runs_summary)
 
 BUSY_TIMEOUT_S = 30.0
 _FIX = "give another file with --db PATH or SPEEDRUN_DB"
@@ -481,6 +481,12 @@ def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[
                    n=_at(result, "n", (int,)), mean_accuracy=_at(result, "mean_accuracy", OPT_NUM),
                    command=_at(result, "command", OPT_STR), source=source, sha256=digest, json=text)
         row.update({column: _at(result, path, types) for column, path, types in V2_FIELDS})
+        # The statistics the leaderboard ranks and judges, from the runs themselves: a result's stated summary is
+        # its writer's word (a file edited to say n=50 beside one run), and the runs were just checked.
+        summary = runs_summary(result)
+        row.update(n=summary["n"], mean_accuracy=summary["mean_accuracy"], std_accuracy=summary["std_accuracy"],
+                   hit_rate=summary["hit_rate"], mean_seconds=summary["mean_seconds"],
+                   std_seconds=summary["std_seconds"])
         _at(result, "cost.timed_usd_per_run", OPT_NUM)  # read by _DERIVED: a number or nothing
         runs = []
         for i, run in enumerate(_at(result, "runs", (list,))):

@@ -304,7 +304,8 @@ def check_train_result(result: dict) -> dict:
     Every reader of a training result's runs takes them through this one check: `speedrun results import` and every
     insert into the database, and `speedrun compare` of a file or a stored id. A run is a dict whose "diverged" is
     null (or absent, as before divergence was recorded) or a dict; a finished run has an accuracy in [0, 1] and
-    timed seconds in [0, 3.2e8] (ten years), as finite numbers; seed and steps are integers or null."""
+    timed seconds in [0, 3.2e8] (ten years), as finite numbers; seed and steps are integers or null. The summary a
+    result states (n, mean_accuracy ...) is not checked here: whoever ranks or stores it takes runs_summary."""
     if not isinstance(result, dict):
         raise ValueError(f"a result is a JSON object, found {type(result).__name__}")
     if "benchmark" in result:
@@ -327,3 +328,38 @@ def check_train_result(result: dict) -> dict:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not a number in [{low:g}, {high:g}]")
     return result
+
+
+def _mean_std(values: list) -> tuple[float, float | None]:
+    """(mean, sample std with ddof=1; None for one value), as stats.summarize gives them (not imported: it loads
+    scipy, and the file commands read results without it)."""
+    if min(values) == max(values):  # runs alike: the value itself (fsum / n may round one ulp off), no spread
+        return values[0], None if len(values) == 1 else 0.0
+    mean = math.fsum(values) / len(values)
+    if len(values) == 1:
+        return mean, None
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def runs_summary(result: dict) -> dict:
+    """The summary of a checked training result (check_train_result) as its finished runs give it, whatever the
+    result states: {"n", "mean_accuracy", "std_accuracy", "hit_rate", "mean_seconds", "std_seconds"} (None where
+    the runs give none: no finished run, one run's std, no target_accuracy). The database stores these as a row's
+    columns, which the leaderboard ranks and judges by the records rule: a file stating n=50 and mean 0.99 beside
+    one run at 0.5 must not rank as a record."""
+    finished = [run for run in result["runs"] if run.get("diverged") is None]
+    n = len(finished)
+    accuracy = [run["accuracy"] for run in finished]
+    acc_mean, acc_std = _mean_std(accuracy) if n else (None, None)
+    sec_mean, sec_std = _mean_std([run["train_seconds"] for run in finished]) if n else (None, None)
+    target = result.get("target_accuracy")
+    if not _is_number(target):  # older results hold it in their config only
+        config = result.get("config")
+        target = config.get("target_accuracy") if isinstance(config, dict) else None
+    hits = sum(a >= target for a in accuracy) / n if n and _is_number(target) else None
+    return {"n": n, "mean_accuracy": acc_mean, "std_accuracy": acc_std, "hit_rate": hits, "mean_seconds": sec_mean,
+            "std_seconds": sec_std}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

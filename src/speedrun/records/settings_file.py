@@ -18,6 +18,7 @@ found on one device type are the recipe's, not the device's: another device type
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -29,6 +30,11 @@ VERSION = 1
 ENVIRONMENT = "$SPEEDRUN_SETTINGS"
 MAX_SETTINGS_BYTES = 64 * 1024
 MAX_VALUE_CHARS = 200
+# "measured", which every result trained with the file carries (overrides_from): what write_settings' callers give,
+# a dict of numbers and strings whose deepest value is tune's measured.against.set[KEY] (3 levels), sweep's
+# measured.ci95[i] (2). Deeper is not a settings file, and would reach Python's recursion limit in the writers of
+# every result that carries it (result_file.write_json, the database's json.dumps).
+MAX_MEASURED_DEPTH = 4
 # What a settings file may set: the keys instruments/tune.py measures (its GUIDE), and compile_mode, which it sets
 # beside compile. Each changes how fast a run goes; precision and batch_size may change the numbers too, and tune
 # recommends them only where the accuracy held (tests/test_redteam_models_settings.py keeps the two lists equal).
@@ -76,10 +82,39 @@ def read_settings(path: str | os.PathLike) -> dict:
     for key, value in settings.items():
         if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS or len(key) > MAX_VALUE_CHARS:
             raise ValueError(f"settings file {shown}: {key[:40]!r} must map to a string as --set takes it; {fix}")
+    measured_on = obj.get("device_name")
+    if measured_on is not None and not (isinstance(measured_on, str) and len(measured_on) <= MAX_VALUE_CHARS):
+        raise ValueError(f"settings file {shown}: device_name must be null or a name of at most {MAX_VALUE_CHARS} "
+                         f"characters; {fix}")
+    problem = _measured_problem(obj.get("measured"))
+    if problem is not None:
+        raise ValueError(f"settings file {shown}: measured {problem}, not what speedrun tune or sweep writes; {fix}")
     if obj.get("written_by", "tune") not in WRITERS:
         raise ValueError(f"settings file {shown}: written_by is {str(obj.get('written_by'))[:40]!r}, not one of "
                          f"{', '.join(WRITERS)}; {fix}")
     return obj
+
+
+def _measured_problem(measured) -> str | None:
+    """What is wrong with a settings file's parsed "measured" (null, or an object nested at most MAX_MEASURED_DEPTH
+    levels whose numbers are finite and integers fit 64 bits); None when nothing is. Walked without recursion: the
+    value may be nested past Python's recursion limit."""
+    if measured is None:
+        return None
+    if not isinstance(measured, dict):
+        return f"is {type(measured).__name__}, not an object"
+    stack = [(measured, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, (dict, list)):
+            if level > MAX_MEASURED_DEPTH:
+                return f"is nested more than {MAX_MEASURED_DEPTH} levels deep"
+            stack.extend((child, level + 1) for child in (value.values() if isinstance(value, dict) else value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"holds {value}, not a finite number"
+        elif isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            return "holds an integer past 64 bits"
+    return None
 
 
 def check_keys(settings: dict[str, str], config_keys) -> None:

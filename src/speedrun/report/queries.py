@@ -16,6 +16,7 @@ speed alone. Everything read from the database is treated as hostile: escaped, t
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 
 from speedrun.errors import printable
@@ -41,14 +42,15 @@ def _json_at(path: str) -> str:  # json_extract raises on text that is not JSON:
 _LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset, device, device_name, n, mean_accuracy, std_accuracy,
     mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version, world_processes,
     coalesce({_json_at('$.config.target_accuracy')}, {_json_at('$.target_accuracy')}),
-    {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')}
+    {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')},
+    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged)
     FROM results WHERE mean_accuracy IS NOT NULL AND NOT coalesce({_json_at('$.smoke_test')}, 0)
     AND coalesce({_json_at('$.complete')}, 1) AND instr(coalesce(command, ''), '  # setting ') = 0"""
 # Complete results only: an interrupted command's partial result is not a record (and the --resume that
 # finishes it stores the same runs again as a complete one). Older files without "complete" count as complete.
 _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accuracy", "std_accuracy", "seconds",
          "std_seconds", "hit_rate", "cost", "command", "commit", "dirty", "torch", "processes", "target", "driver",
-         "cuda"]
+         "cuda", "diverged"]
 
 
 def clip_text(value, limit: int = 400) -> str:
@@ -127,7 +129,18 @@ def judge(row: dict, alpha: float) -> tuple[bool, float | None]:
     with one run, or without a plausible std."""
     if row["target"] is None:
         return False, None
-    return reaches_target(row["accuracy"], row["std_accuracy"], row["n"], row["target"], alpha)
+    mean, std, n = row["accuracy"], row["std_accuracy"], row["n"]
+    zeros = row.get("diverged") or 0
+    if zeros and (std is not None or n == 1):
+        # a diverged run counts as accuracy 0 (as in train's summary and sweep): the finished runs' n, mean and
+        # sample std pooled with `zeros` values of 0, from the sums they imply
+        std = std or 0.0
+        total = n + zeros
+        squares = (n - 1) * std * std + n * mean * mean  # sum of the finished runs' squared accuracies
+        pooled = n * mean / total
+        std = math.sqrt(max(squares - total * pooled * pooled, 0.0) / (total - 1))
+        mean, n = pooled, total
+    return reaches_target(mean, std, n, row["target"], alpha)
 
 
 def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: float | None = None) -> list[dict]:

@@ -172,8 +172,8 @@ class Display:
         if callable(getattr(result, "record", None)):  # the records rule's verdict on the mean, before the runs'
             caption.insert(0, record_text(result.record(), result.target_accuracy))
         if result.diverged_runs:
-            caption.append(f"{result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss) and are not "
-                           "in the statistics.")
+            caption.append(f"{result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss): they are not "
+                           "in the table's statistics; the records rule counts each as accuracy 0.")
         if result.interrupted:
             caption.append(f"Interrupted after {len(result.runs)} of {result.runs_requested} runs.")
         if len(result.finished) == 1:

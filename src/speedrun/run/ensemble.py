@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from speedrun.data.loader import normalize
 from speedrun.engine.system import resolve_device, synchronize
+from speedrun.records.environment import device_label, environment
 from speedrun.run import export
 from speedrun.run.export import TrainedModel
 
@@ -141,24 +141,16 @@ def evaluate_ensemble(paths: list, dataset: str, *, data_dir=None, image_size: i
     n = len(labels)
     total = torch.zeros(n, len(models[0].classes), dtype=torch.float32, device=dev)  # the softmax summed, (N, K)
 
-    def logits(model: TrainedModel, start: int, stop: int) -> torch.Tensor:
-        # as engine.evaluate scores one saved model (export.evaluate_saved): the same operations, the same logits
-        x = normalize(images[start:stop], model.mean, model.std, torch.float32, False)
-        return model.finite(model.tta(x), "its evaluation images")
-
     def one_pass(model: TrainedModel) -> int:
-        correct = torch.zeros((), dtype=torch.int64, device=dev)
-        for start in range(0, n, batch_size):
-            stop = min(start + batch_size, n)
-            scores = logits(model, start, stop).float()  # (B, K)
-            correct += (scores.argmax(1) == labels[start:stop]).sum()
-            total[start:stop] += torch.softmax(scores, dim=1)
-        return int(correct)
+        # as engine.evaluate scores one saved model (export.evaluate_saved): the same operations, the same logits
+        scores = model.set_logits(images, batch_size)  # (N, K)
+        total.add_(torch.softmax(scores, dim=1))
+        return int((scores.argmax(1) == labels).sum())
 
     rows = []
     with torch.no_grad():
         for path, model in zip(paths, models):
-            logits(model, 0, min(batch_size, n))  # the untimed warm-up (kernels chosen, caches filled)
+            model.set_logits(images[:batch_size], batch_size)  # the untimed warm-up (kernels chosen, caches filled)
             correct, seconds = _timed(dev, lambda: one_pass(model))
             rows.append({"model": _name(path), "recipe": model.card["recipe"], "seed": model.card["seed"],
                          "tta_level": model.tta_level, "accuracy": correct / n, "seconds": seconds,
@@ -167,7 +159,8 @@ def evaluate_ensemble(paths: list, dataset: str, *, data_dir=None, image_size: i
     single = [r["seconds"] for r in rows]
     seconds = sum(single) + combine
     mean_single = float(np.mean(single))
-    return {"dataset": data.name, "n": n, "device": str(dev), "models": rows, "timed": TIMED,
+    return {"benchmark": "ensemble", "environment": environment(dev), "dataset": data.name, "n": n,
+            "device": str(dev), "models": rows, "timed": TIMED,
             "ensemble": {"n_models": len(models), "accuracy": ensemble_correct / n, "seconds": seconds,
                          "extra_seconds": seconds - mean_single,
                          "time_ratio": seconds / mean_single if mean_single > 0 else None}}
@@ -196,3 +189,20 @@ def iter_ensemble_predictions(paths: list, images: list[str], *, top: int = 5, d
         chunk = files[start:start + batch]
         pixels = torch.from_numpy(np.stack([export.read_image(f, c, h, w) for f in chunk]))  # (B, C, H, W) uint8
         yield from zip(chunk, ensemble.predict(pixels, top=top))
+
+
+def markdown(report: dict) -> str:
+    """BENCHMARKS.md's table of one `eval --ensemble --json` report (benchmarks/table.py renders it between the
+    ensemble markers): each model's accuracy and evaluation seconds, then the ensemble's."""
+    env = report.get("environment")
+    where = f"{env['timestamp_utc'][:10]}, {device_label(env)}" if env else report["device"]
+    command = f": `{report['command']}`" if report.get("command") else ""
+    e = report["ensemble"]
+    lines = [f"{where}, {report['dataset']} test ({report['n']:,} images){command}", "",
+             "| model | TTA level | test acc % | eval s |", "|---|---|---|---|"]
+    lines += [f"| {os.path.basename(r['model'])} | {r['tta_level']} | {100 * r['accuracy']:.2f} | {r['seconds']:.1f} |"
+              for r in report["models"]]
+    ratio = "" if e["time_ratio"] is None else f", {e['time_ratio']:.2f}x one model's mean"
+    lines.append(f"| ensemble of {e['n_models']} (mean softmax) | | {100 * e['accuracy']:.2f} | {e['seconds']:.1f} "
+                 f"(+{e['extra_seconds']:.1f}{ratio}) |")
+    return "\n".join(lines)

@@ -22,6 +22,7 @@ from torch import nn
 from speedrun import dist
 from speedrun._version import __version__
 from speedrun.data import folder, limits
+from speedrun.data.loader import normalize
 from speedrun.dist import unwrap
 from speedrun.engine.flops import on_meta
 from speedrun.engine.loop import evaluate
@@ -31,7 +32,7 @@ from speedrun.paths import user_path
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
-from speedrun.tricks.tta import SelectiveTTA, selective_tta_logits, tta_logits
+from speedrun.tricks.tta import selective_tta_logits, tta_logits
 
 _PREDICT_BATCH = 64  # image files decoded and scored at a time, at most
 # What one batch of `predict` may take: a card may legally ask for 1024x1024 images, where 64 images through the
@@ -100,8 +101,8 @@ class TrainedModel(nn.Module):
         self.classes: list[str] = list(card["classes"])
         self.image_shape: tuple[int, int, int] = tuple(card["image_shape"])
         self.tta_level: int = card["tta_level"]
-        # selective TTA (tricks/tta.py): the views only for this fraction of each batch, least confident first; 0 is
-        # every image. A config field, checked with the card's config (model_files.parse_card).
+        # selective TTA (tricks/tta.py) when scoring a test set: the views only for this fraction of it, least
+        # confident first; 0 is every image. A config field, checked with the card's config (model_files.parse_card).
         self.tta_select: float = float((card.get("config") or {}).get("tta_select") or 0.0)
         self.smoke_test: bool = card.get("smoke_test") is True  # saved from `speedrun train --smoke`
         self.register_buffer("mean", torch.tensor(card["mean"], dtype=torch.float32))  # (C,), [0, 1] units
@@ -134,13 +135,20 @@ class TrainedModel(nn.Module):
         else:
             raise ValueError(f"images must be uint8 (0..255) or floating point (0..1), got {images.dtype}")
         x = (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
-        return self.tta(x)  # (N, K)
+        # Every image gets the card's full TTA, selective or not: a prediction must not depend on the other images
+        # of the call (set_logits scores a test set as its training run did).
+        return tta_logits(self.net, x, self.tta_level)  # (N, K)
 
-    def tta(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (N, K) of normalized inputs x (N, C, H, W), test-time augmented as the model was scored."""
-        if self.tta_level and 0 < self.tta_select < 1:
-            return selective_tta_logits(self.net, x, self.tta_level, self.tta_select)
-        return tta_logits(self.net, x, self.tta_level)
+    def set_logits(self, images: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Logits (N, K) of a test set of uint8 images (N, C, H, W) on the model's device, in batches, scored as its
+        training run scored its test set: the card's TTA level, on the least confident tta_select of the set
+        where the card selects (engine.loop.evaluate's operations); refused where any is not finite."""
+        def inputs(idx: torch.Tensor) -> torch.Tensor:
+            return normalize(images[idx.to(images.device)], self.mean, self.std, torch.float32, False)
+
+        fraction = self.tta_select if 0 < self.tta_select < 1 else 1.0
+        logits = selective_tta_logits(self.net, inputs, len(images), self.tta_level, fraction, batch_size)
+        return self.finite(logits, "its evaluation images")
 
     @torch.no_grad()
     def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
@@ -266,13 +274,10 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
     dev = resolve_device(device)
     model = load(path, dev)
     data = evaluation_data(model, path, dataset, data_dir=data_dir, image_size=image_size, log=log)
-    # the views chosen per image inside the module where the card selects (as the training run's evaluation)
-    net, level = ((SelectiveTTA(_Finite(model), model.tta_level, model.tta_select), 0)
-                  if model.tta_level and 0 < model.tta_select < 1 else (_Finite(model), model.tta_level))
     with torch.no_grad():
-        accuracy = evaluate(net, data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
-                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=level,
-                            batch_size=batch_size)
+        accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
+                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
+                            batch_size=batch_size, tta_select=model.tta_select)
     return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
             "model": os.fsdecode(path), "smoke_test": model.smoke_test}
 

@@ -28,8 +28,8 @@ from speedrun.run.display import Display
 class Result:
     """What a multi-run training returns; `to_dict()` is the JSON written by --json.
 
-    `runs` holds every run that ended, diverged ones included (their accuracy is None); the statistics cover the
-    runs that finished.
+    `runs` holds every run that ended, diverged ones included (their accuracy is None); the statistics (n, mean,
+    std, hit rate) cover the runs that finished, the records rule (record()) every run.
     """
 
     recipe: str
@@ -94,15 +94,17 @@ class Result:
         return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished) if self.finished else None
 
     def record(self) -> dict | None:
-        """The records rule on the finished runs: {"reached", "p", "threshold", "n", "test"}; reached only when the
-        one-sided t-test of their accuracies against the target gives p < threshold (n >= 2: p is None below).
-        None without a finished run."""
+        """The records rule on every run: {"reached", "p", "threshold", "n", "diverged", "test"}; reached only when
+        the one-sided t-test of the runs' accuracies against the target gives p < threshold (n >= 2: p is None
+        below). A diverged run counts as accuracy 0, as a sweep's trial counts it (instruments/sweep.py's _score): a
+        recipe that diverges 7 times in 10 does not reach its target on the 3 runs that finished. None without a
+        finished run. The mean and std shown and stored are the finished runs'."""
         if not self.finished:
             return None
-        acc = summarize(self.accuracies)
+        acc = summarize([0.0 if r.diverged is not None else r.accuracy for r in self.runs])
         reached, p = reaches_target(acc.mean, acc.std or 0.0, acc.n, self.target_accuracy, self.record_p)
-        return {"reached": reached, "p": p, "threshold": self.record_p, "n": acc.n,
-                "test": "one-sided t-test of the runs' accuracies, H1: mean > target"}
+        return {"reached": reached, "p": p, "threshold": self.record_p, "n": acc.n, "diverged": self.diverged_runs,
+                "test": "one-sided t-test of every run's accuracy (a diverged run as 0), H1: mean > target"}
 
     def costs(self) -> dict | None:
         """US dollars: the mean timed region of a run, and the whole command, on every process's device."""

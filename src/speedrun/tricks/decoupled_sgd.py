@@ -25,6 +25,12 @@ def decoupled_sgd(groups: list[dict], *, lr_per_1024: float, weight_decay_per_10
     param_groups = []
     for g in groups:
         group_lr = lr * g["lr_mult"]
+        # torch holds lr and weight_decay as float32 in its step: 0 here divides by zero, and a shrink over an lr
+        # near 0 passes float32's 3.4e38 (a RuntimeError mid-step). The recipe's config refuses such settings first.
+        if not (group_lr > 0 and decay_per_step / group_lr <= 3.4e38):
+            raise ValueError(f"lr_per_1024={lr_per_1024:g} with an lr multiplier of {g['lr_mult']:g} and momentum "
+                             f"{momentum:g} gives the lr {group_lr:g}, too small for float32 weight decay over lr; "
+                             "give lr_per_1024 and the multiplier in [1e-06, 10000]")
         param_groups.append({"params": g["params"], "lr": group_lr, "initial_lr": group_lr,
                              "weight_decay": decay_per_step / group_lr})
     return torch.optim.SGD(param_groups, momentum=momentum, nesterov=True, **(kernel or {}))

@@ -16,7 +16,7 @@ def final_evaluation(cfg: CifarConfig) -> str:
         return "final evaluation without TTA"
     if cfg.tta_select and cfg.tta_select < 1:
         return (f"final evaluation with TTA level {cfg.tta_level} on the {cfg.tta_select:.0%} least confident test "
-                "images of each evaluation batch")
+                "images")
     return f"final evaluation with TTA level {cfg.tta_level}"
 
 
@@ -33,6 +33,12 @@ MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size"
 # the machine away before the first step.
 MAX_BATCH = 1 << 16
 MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
+# The smallest lr setting and multiplier: weight decay is decoupled as wd / lr (tricks/decoupled_sgd.py, and the
+# Muon recipe's SGD groups), so a tiny lr makes a weight decay past float32's 3.4e38, which torch refuses mid-step,
+# and 1e-320 / scale is 0.0 (a ZeroDivisionError). The smallest default is muon_bias_lr = 0.053.
+MIN_LR_SETTING = 1e-6
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an lr below it is 0 or imprecise there
 MAX_EPOCHS = 10_000.0
 MAX_GROUPS = 8
 MAX_WIDTH = 8192
@@ -120,8 +126,16 @@ class CifarConfig(SystemConfig):
                                  f"{MAX_FLOAT_SETTING:g}]")
         nonneg = ("weight_decay_per_1024", "lr_start_mult", "lr_end_mult", "muon_lr",
                   "muon_weight_decay_per_example", "whiten_bias_epochs", "translate_px", "cutout_px", "cutmix_px")
-        # Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0.
+        # Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0, nor
+        # so small that wd / lr leaves float32 (MIN_LR_SETTING); muon_lr may be 0 (Muon has no weight decay).
         positive = ("lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr")
+        for key in positive + ("muon_lr",):
+            value = getattr(self, key)
+            if not (MIN_LR_SETTING <= value <= MAX_FLOAT_SETTING or key == "muon_lr" and value == 0):
+                zero = " or 0" if key == "muon_lr" else ""
+                raise ValueError(f"bad config: {key}={value:g} must be in [{MIN_LR_SETTING:g}, "
+                                 f"{MAX_FLOAT_SETTING:g}]{zero}: the optimizers' lrs (and weight decay over lr) are "
+                                 "derived from it in float32")
         checks = [
             (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
             (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
@@ -155,6 +169,26 @@ class CifarConfig(SystemConfig):
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad config: {message}")
+        # momentum near 1 scales decoupled_sgd's lrs down by 1 / (1 - momentum): each checked as torch holds it
+        for key, value in self.optimizer_values().items():
+            if not (math.isfinite(value) and (value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)):
+                raise ValueError(f"bad config: the optimizer's {key} would be {value:g}, which float32 cannot hold; "
+                                 f"keep lr_per_1024, bias_lr_mult and the muon_*_lr in [{MIN_LR_SETTING:g}, "
+                                 f"{MAX_FLOAT_SETTING:g}] and momentum below 1")
+
+    def optimizer_values(self) -> dict[str, float]:
+        """The numbers the optimizers are built with from these settings (recipes/cifar/loop.py's
+        build_optimizers: decoupled_sgd's group lrs and weight decays, the Muon recipe's SGD groups), by name."""
+        scale = 1024 * (1 + 1 / (1 - self.momentum))  # decoupled_sgd's
+        lr, shrink = self.lr_per_1024 / scale, self.weight_decay_per_1024 * self.batch_size / scale
+        wd = self.muon_weight_decay_per_example * self.batch_size
+        values = {"lr": lr, "bias lr": lr * self.bias_lr_mult, "weight decay over lr": shrink / lr,
+                  "bias weight decay over lr": shrink / (lr * self.bias_lr_mult)}
+        if self.optimizer == "muon":
+            values.update({"Muon lr": self.muon_lr, "bias lr": self.muon_bias_lr, "head lr": self.muon_head_lr,
+                           "bias weight decay over lr": wd / self.muon_bias_lr,
+                           "head weight decay over lr": wd / self.muon_head_lr})
+        return values
 
 
 def cifar10_94() -> CifarConfig:

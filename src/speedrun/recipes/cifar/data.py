@@ -17,6 +17,7 @@ from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
 from speedrun.models.cifar_net import memory_lower_bound, output_side
 from speedrun.recipes.cifar.config import CifarConfig
+from speedrun.tricks.tta import selected_count
 
 # --smoke: a check that the whole pipeline runs (loader, whitening, steps, evaluation, result file), in seconds on
 # a 2-core CPU; its accuracy means nothing. At the recipe's batch (1024) one step of the full network takes about
@@ -54,7 +55,8 @@ def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
     steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
     views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
     if cfg.tta_level and cfg.tta_select and cfg.tta_select < 1:  # the plain pass, then the rest for the selected
-        views = round(1 + cfg.tta_select * (views - 1), 2)
+        n = len(data.test_labels)
+        views = round(1 + selected_count(n, cfg.tta_select) * (views - 1) / max(n, 1), 2)
     return run_notes(smoke=smoke, steps=steps, batch_size=cfg.batch_size, n_test=len(data.test_labels), views=views,
                      table_evaluations=math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
 

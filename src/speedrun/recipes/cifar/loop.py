@@ -32,7 +32,7 @@ from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.muon import Muon
 from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
-from speedrun.tricks.tta import SelectiveTTA
+from speedrun.tricks.tta import selected_count
 from speedrun.tricks.whitening import patch_whitening_init_
 
 
@@ -48,11 +48,13 @@ def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
                                   cfg.tta_level)
     if not (cfg.tta_level and cfg.tta_select and cfg.tta_select < 1):
         return run
-    # Selective TTA: the plain pass for every image, the other views for the selected share (tricks/tta.py).
-    plain = run_flops.evaluation(model, data.image_shape, len(data.test_labels), 0)
-    return dataclasses.replace(run, evaluation=plain + round(cfg.tta_select * (run.evaluation - plain)),
-                               counted=f"{run.counted}; the views beyond the plain pass for {cfg.tta_select:.0%} "
-                                       "of the test images (tta_select)")
+    # Selective TTA: the plain pass for every image, the other views for the selected ones (tricks/tta.py)
+    n = len(data.test_labels)
+    plain = run_flops.evaluation(model, data.image_shape, n, 0)
+    views = (run.evaluation - plain) * selected_count(n, cfg.tta_select) // n if n else 0
+    return dataclasses.replace(run, evaluation=plain + views,
+                               counted=f"{run.counted}; the views beyond the plain pass for "
+                                       f"{selected_count(n, cfg.tta_select):,} of the {n:,} test images (tta_select)")
 
 
 def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
@@ -174,12 +176,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
 
     def scored(tta_level: int) -> float:  # test accuracy; every process takes rank 0's BatchNorm statistics first
         dist.broadcast_model(model, world)
-        net = forward
-        if tta_level and cfg.tta_select:  # the views chosen per image inside the module: evaluate runs it plain
-            net, tta_level = SelectiveTTA(forward, tta_level, cfg.tta_select), 0
-        return evaluate(net, test_images, test_labels, mean=mean, std=std, dtype=system.dtype,
+        return evaluate(forward, test_images, test_labels, mean=mean, std=std, dtype=system.dtype,
                         channels_last=system.channels_last, tta_level=tta_level, batch_size=cfg.eval_batch_size,
-                        autocast=system.amp, world=world)
+                        autocast=system.amp, world=world, tta_select=cfg.tta_select)
 
     timer = Timer(device)
     if resume is None:
