@@ -364,10 +364,11 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
             def inputs(idx: torch.Tensor) -> torch.Tensor:
                 return normalize(images[lo + idx.to(images.device)], mean, std, dtype, channels_last)
 
-            with amp():
-                logits = selective_tta_logits(model, inputs, hi - lo, tta_level, tta_select, batch_size)
-            counts[0] += (logits.argmax(1) == labels[lo:hi]).sum()
-            counts[1] += hi - lo
+            if hi > lo:  # under torchrun with fewer test images than processes, a share may hold none
+                with amp():
+                    logits = selective_tta_logits(model, inputs, hi - lo, tta_level, tta_select, batch_size)
+                counts[0] += (logits.argmax(1) == labels[lo:hi]).sum()
+                counts[1] += hi - lo
         else:
             for start in range(lo, hi, batch_size):
                 stop = min(start + batch_size, hi)
