@@ -6,8 +6,7 @@ is on in it, switched off alone. A variant reaches the target at E epochs when t
 the config's target_accuracy (lower it with --set target_accuracy=0.5). A probe with a diverged run is a miss.
 This is the search's criterion (airbench's budget search), not the records rule (records/stats.py: p < 0.01 in a
 one-sided t-test), which would ask a 3-run probe for a mean some four standard deviations above the target and
-so find the epochs a record needs rather than the epochs the mean needs; each probe's runs are stored as a result,
-which the leaderboard judges by the rule.
+so find the epochs a record needs rather than the epochs the mean needs.
 
 The search is bounded (at most --max-probes probes per variant) and moves on the grid of whole optimizer steps:
 --epochs E trains ceil(E * N / batch) steps (data/loader.py), so two epoch values with one step count would train
