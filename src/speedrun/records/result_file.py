@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from speedrun.paths import user_path
+from speedrun.records.stats import summarize
 
 
 def _to_json(obj):
@@ -330,17 +331,6 @@ def check_train_result(result: dict) -> dict:
     return result
 
 
-def _mean_std(values: list) -> tuple[float, float | None]:
-    """(mean, sample std with ddof=1; None for one value), as stats.summarize gives them (not imported: it loads
-    scipy, and the file commands read results without it)."""
-    if min(values) == max(values):  # runs alike: the value itself (fsum / n may round one ulp off), no spread
-        return values[0], None if len(values) == 1 else 0.0
-    mean = math.fsum(values) / len(values)
-    if len(values) == 1:
-        return mean, None
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
 def runs_summary(result: dict) -> dict:
     """The summary of a checked training result (check_train_result) as its finished runs give it, whatever the
     result states: {"n", "mean_accuracy", "std_accuracy", "hit_rate", "mean_seconds", "std_seconds"} (None where
@@ -350,15 +340,18 @@ def runs_summary(result: dict) -> dict:
     finished = [run for run in result["runs"] if run.get("diverged") is None]
     n = len(finished)
     accuracy = [run["accuracy"] for run in finished]
-    acc_mean, acc_std = _mean_std(accuracy) if n else (None, None)
-    sec_mean, sec_std = _mean_std([run["train_seconds"] for run in finished]) if n else (None, None)
+    if not n:
+        return {"n": 0, "mean_accuracy": None, "std_accuracy": None, "hit_rate": None, "mean_seconds": None,
+                "std_seconds": None}
+    acc = summarize(accuracy)  # the sample std (ddof=1); None for one run
+    secs = summarize([run["train_seconds"] for run in finished])
     target = result.get("target_accuracy")
     if not _is_number(target):  # older results hold it in their config only
         config = result.get("config")
         target = config.get("target_accuracy") if isinstance(config, dict) else None
-    hits = sum(a >= target for a in accuracy) / n if n and _is_number(target) else None
-    return {"n": n, "mean_accuracy": acc_mean, "std_accuracy": acc_std, "hit_rate": hits, "mean_seconds": sec_mean,
-            "std_seconds": sec_std}
+    hits = sum(a >= target for a in accuracy) / n if _is_number(target) else None
+    return {"n": n, "mean_accuracy": acc.mean, "std_accuracy": acc.std, "hit_rate": hits, "mean_seconds": secs.mean,
+            "std_seconds": secs.std}
 
 
 def _is_number(value) -> bool:
