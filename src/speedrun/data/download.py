@@ -175,35 +175,34 @@ def mirror_urls(published: str, shipped: Sequence[str] = ()) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
-def download_timeout() -> float:
-    """Seconds without a byte after which a mirror counts as stalled: $SPEEDRUN_DOWNLOAD_TIMEOUT, else 30."""
-    text = os.environ.get("SPEEDRUN_DOWNLOAD_TIMEOUT", "").strip()
+def _env_number(name: str, default: float, low: float, high: float, low_open: bool, what: str, example: str,
+                unit: str = "") -> float:
+    """$name as a number in [low, high] ((low, high] where low_open), else `default` when unset or empty; anything
+    else is refused in one line saying what it should be."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= 86400:  # NaN fails this too
-        raise ValueError(f"SPEEDRUN_DOWNLOAD_TIMEOUT={printable(text)!r:.60} is not a number of seconds above 0 and "
-                         f"at most 86400; set e.g. 120, or unset it for {DEFAULT_TIMEOUT_S:g} s")
+    if not (low < value if low_open else low <= value) or not value <= high:  # NaN fails this too
+        raise ValueError(f"{name}={printable(text)!r:.60} is not {what}; set e.g. {example}, or unset it for "
+                         f"{default:g}{unit}")
     return value
+
+
+def download_timeout() -> float:
+    """Seconds without a byte after which a mirror counts as stalled: $SPEEDRUN_DOWNLOAD_TIMEOUT, else 30."""
+    return _env_number("SPEEDRUN_DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT_S, 0, 86400, True,
+                       "a number of seconds above 0 and at most 86400", "120", " s")
 
 
 def download_min_rate() -> float:
     """Bytes a second a mirror must average over each span of twice the timeout (its headers within the first),
     or count as too slow: $SPEEDRUN_DOWNLOAD_MIN_RATE, else 1000; 0 turns the check off."""
-    text = os.environ.get("SPEEDRUN_DOWNLOAD_MIN_RATE", "").strip()
-    if not text:
-        return DEFAULT_MIN_RATE
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1e12:  # NaN fails this too
-        raise ValueError(f"SPEEDRUN_DOWNLOAD_MIN_RATE={printable(text)!r:.60} is not a number of bytes a second from "
-                         f"0 (no minimum) to 1e12; set e.g. 500, or unset it for {DEFAULT_MIN_RATE:g}")
-    return value
+    return _env_number("SPEEDRUN_DOWNLOAD_MIN_RATE", DEFAULT_MIN_RATE, 0, 1e12, False,
+                       "a number of bytes a second from 0 (no minimum) to 1e12", "500")
 
 
 # ---- the progress bar --------------------------------------------------------------------------------------------
