@@ -3,9 +3,10 @@ several models (export.py loads and checks each exactly as a single model) of on
 
 The models must agree on what makes their outputs comparable: the family, the class names in order, the image
 shape, the normalization and the dataset named in their cards; each keeps its own TTA level (its logits over its
-views, then its softmax). eval scores one model at a time over the test set and keeps only the running sum of the
-softmax, (N, K) float32 besides the test images; predict streams the image files a batch at a time through every
-model, as for one model.
+views, then its softmax). eval scores one model at a time over the test set and keeps the running sum of the
+softmax and, while a model is scored, its logits: two (N, K) float32 besides the test images (a model whose card
+selects TTA chooses over the whole set, TrainedModel.set_logits); predict streams the image files a batch at a
+time through every model, as for one model.
 """
 
 from __future__ import annotations
@@ -115,8 +116,7 @@ class Ensemble:
         return total / len(self.models)
 
     def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
-        if type(top) is not int or top < 1:
-            raise ValueError(f"top must be a whole number >= 1, got {top!r}")
+        export.check_top(top)
         return export.top_classes(self.probabilities(images), self.classes, top)
 
 

@@ -153,14 +153,19 @@ class TrainedModel(nn.Module):
     @torch.no_grad()
     def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
         """Per image, the `top` classes as (name, probability), most probable first."""
-        if type(top) is not int or top < 1:
-            raise ValueError(f"top must be a whole number >= 1, got {top!r}")
+        check_top(top)
         return top_classes(self.probabilities(images), self.classes, top)
 
     @torch.no_grad()
     def probabilities(self, images: torch.Tensor) -> torch.Tensor:
         """The softmax of forward(images): (N, K) float32, refused where a logit is not finite."""
         return torch.softmax(self.finite(self(images).float(), "these images"), dim=1)
+
+
+def check_top(top) -> None:
+    """Refuse, in one line and before any image is scored, a `top` for predict() that is not a whole number >= 1."""
+    if type(top) is not int or top < 1:
+        raise ValueError(f"top must be a whole number >= 1, got {top!r}")
 
 
 def top_classes(probs: torch.Tensor, classes: list[str], top: int) -> list[list[tuple[str, float]]]:
