@@ -29,15 +29,15 @@ from speedrun.records.stats import mean_std_text
 from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test  # noqa: E402
 
 
-def _train_seconds(src: Path, args: list[str], scratch: Path, tag: str) -> float:
+def _train_run(src: Path, args: list[str], scratch: Path, tag: str) -> dict:
     out = scratch / f"{tag}.json"
     env = dict(os.environ, PYTHONPATH=str(src), SPEEDRUN_RESULTS=str(scratch))
     done = subprocess.run([sys.executable, "-m", "speedrun.cli.program", "train", *args, "--quiet", "--json", str(out)],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{tag}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-    result = json.loads(out.read_text())
-    return result["runs"][0]["train_seconds"]
+    run = json.loads(out.read_text())["runs"][0]
+    return {"seconds": run["train_seconds"], "accuracy": run["accuracy"], "steps": run["steps"]}
 
 
 def markdown(report: dict) -> str:
@@ -61,6 +61,9 @@ def main() -> int:
     parser.add_argument("--base", required=True, help="the commit to compare against (e.g. the one before a change)")
     parser.add_argument("--runs", type=int, default=5, help="timed processes per side")
     parser.add_argument("--json", default=None, help="write the comparison here")
+    parser.add_argument("--new-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a --set for the working tree's side only (a setting the base lacks, or one that gives "
+                             "both sides the same steps: --new-set drop_last_batch=false); repeatable")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the `speedrun train` arguments")
     args = parser.parse_args()
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
@@ -70,17 +73,21 @@ def main() -> int:
                        check=True, capture_output=True)
         try:
             sides = {"base": tmp / "base" / "src", "new": ROOT / "src"}
-            seconds: dict[str, list[float]] = {"base": [], "new": []}
+            side_args = {"base": train_args, "new": [*train_args, *(a for s in args.new_set for a in ("--set", s))]}
+            runs: dict[str, list[dict]] = {"base": [], "new": []}
             for name, src in sides.items():  # untimed: page cache, imports, first-use allocations
-                _train_seconds(src, train_args, tmp, f"warm-{name}")
+                _train_run(src, side_args[name], tmp, f"warm-{name}")
             for i in range(args.runs):
                 for name, src in sides.items():
-                    seconds[name].append(_train_seconds(src, train_args, tmp, f"{name}-{i}"))
-                    print(f"round {i + 1}/{args.runs} {name}: {seconds[name][-1]:.3f} s", file=sys.stderr)
+                    runs[name].append(_train_run(src, side_args[name], tmp, f"{name}-{i}"))
+                    print(f"round {i + 1}/{args.runs} {name}: {runs[name][-1]}", file=sys.stderr)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "base")],
                            capture_output=True)
+    seconds = {k: [r["seconds"] for r in v] for k, v in runs.items()}
+    accuracy = {k: [r["accuracy"] for r in v] for k, v in runs.items()}
     base, new = seconds["base"], seconds["new"]
+    adiff, alo, ahi = diff_ci95(accuracy["new"], accuracy["base"])
     diff, lo, hi = diff_ci95(new, base)
     ratio, rlo, rhi = ratio_ci95(new, base)
     _, p = welch_t_test(new, base)
@@ -89,8 +96,10 @@ def main() -> int:
 
     report = {"benchmark": "ab_commits", "command": " ".join(["python", "benchmarks/ab_commits.py", *sys.argv[1:]]),
               "environment": environment(resolve_device(device)), "base": args.base,
-              "train_args": train_args, "n": args.runs,
+              "train_args": train_args, "new_set": args.new_set, "n": args.runs, "runs": runs,
               "seconds": {"base": base, "new": new},
+              "accuracy_diff": {"mean": adiff, "ci95": [alo, ahi]},
+              "accuracy_summary": {k: summarize(v).to_dict() for k, v in accuracy.items()},
               "summary": {k: summarize(v).to_dict() for k, v in seconds.items()},
               "diff_seconds": {"mean": diff, "ci95": [lo, hi]}, "ratio": {"mean": ratio, "ci95": [rlo, rhi]},
               "welch_p": p}
@@ -98,7 +107,8 @@ def main() -> int:
         s = summarize(seconds[k])
         print(f"{k}: {s.mean:.3f} ± {s.std:.3f} s (n={s.n})")
     print(f"new - base: {diff:+.3f} s (95% CI {lo:+.3f} .. {hi:+.3f}), Welch p = {p:.3f}; "
-          f"ratio {ratio:.3f} ({rlo:.3f} .. {rhi:.3f})")
+          f"ratio {ratio:.3f} ({rlo:.3f} .. {rhi:.3f}); accuracy new - base {100 * adiff:+.2f} points "
+          f"(95% CI {100 * alo:+.2f} .. {100 * ahi:+.2f})")
     if args.json:
         write_json(args.json, report)
     return 0

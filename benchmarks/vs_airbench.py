@@ -9,8 +9,9 @@ Timed region, the same for both: from the patch-whitening initialization through
 TTA evaluation, CUDA events, synchronized. Outside it: data loading, upload, model construction, the per-epoch
 evaluations of the progress table. airbench's numbers are its own `tta_val_acc` and `total_time_seconds`, read
 from the last row of the table train94(verbose=True) prints (4 decimals: exact for a 10,000-image test set).
-Step counts differ slightly: airbench drops each epoch's last partial batch (48 x 9.9 -> 476 steps on 50,000
-images), ours counts examples (ceil(9.9 x 50000 / 1024) = 484 steps); `--set epochs=9.748` gives ours 476.
+Step counts: airbench drops each epoch's last partial batch (48 x 9.9 -> 476 steps on 50,000 images), and so does
+ours by default (drop_last_batch); `--set drop_last_batch=false` counts examples instead (ceil(9.9 x 50000 / 1024)
+= 484 steps).
 
 Data: both get the same tensors. airbench's CifarLoader reads cifar10/{train,test}.pt relative to the working
 directory (and downloads through torchvision if they are missing, which must never happen), so they are written
@@ -130,12 +131,9 @@ def airbench_steps(num_train: int, epochs: float, batch_size: int = AIRBENCH_BAT
     return math.ceil(num_train // batch_size * epochs)
 
 
-def ours_epochs_for(steps: int, num_train: int, batch_size: int) -> float:
-    """The epochs that give our loader (ceil(epochs x N / batch) steps) exactly `steps`."""
-    epochs = steps * batch_size / num_train
-    while math.ceil(epochs * num_train / batch_size) > steps:  # floating point may land a hair above the integer
-        epochs = math.nextafter(epochs, 0.0)
-    return epochs
+def ours_epochs_for(rec, cfg, steps: int, num_train: int) -> float:
+    """The epochs that give our recipe exactly `steps` steps, as its family counts them (its run_steps)."""
+    return rec.module().epochs_for_steps(cfg, num_train, steps)
 
 
 def airbench_run(train94, seed: int, epochs: float | None = None) -> tuple[float, float]:
@@ -339,7 +337,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
             n = len(data.train_labels)
             raise ValueError(f"--epochs {args.epochs:g} is no step of airbench94 on {n} training images "
                              f"({n // AIRBENCH_BATCH} steps an epoch); give more epochs or data")
-        cfg = make_config(rec, ours_epochs_for(steps, len(data.train_labels), cfg.batch_size), overrides)
+        cfg = make_config(rec, ours_epochs_for(rec, cfg, steps, len(data.train_labels)), overrides)
         schedule = {"airbench_epochs": args.epochs, "ours_epochs": cfg.epochs, "steps": steps}
         log(f"reduced schedule: {steps} steps each (airbench epochs={args.epochs}, ours --epochs {cfg.epochs:.6g})")
     log(f"data: {data.name}: {len(data.train_labels)} train / {len(data.test_labels)} test ({data_seconds:.1f} s)")

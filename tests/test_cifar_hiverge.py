@@ -261,10 +261,24 @@ def test_jitter_draws_are_a_function_of_seed_and_step_and_a_share_is_a_slice_of_
     assert torch.equal(whole[2:6], part)
 
 
+def test_jitter_table_equals_the_per_step_jitter_bit_for_bit_with_shares():
+    x = torch.randn(8, 3, 4, 4)
+    std = torch.tensor([0.25, 0.5, 0.2])
+    table = color_jitter.JitterTable(seed=2, steps=5, batch_size=8, brightness=0.1, contrast=0.2, std=std,
+                                     device=torch.device("cpu"), dtype=torch.float32)
+    part = color_jitter.JitterTable(seed=2, steps=5, batch_size=8, brightness=0.1, contrast=0.2, std=std,
+                                    device=torch.device("cpu"), dtype=torch.float32, share=slice(2, 6))
+    for step in range(5):
+        expected = color_jitter.jitter_batch(x, seed=2, step=step, batch_size=8, brightness=0.1, contrast=0.2,
+                                             std=std)
+        assert torch.equal(table(x, step), expected)
+        assert torch.equal(part(x[2:6], step), expected[2:6])
+
+
 def test_jitter_off_never_touches_the_batches(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("jitter ran although jitter_brightness = jitter_contrast = 0")
-    monkeypatch.setattr(cifar_loop, "jitter_batch", boom)
+    monkeypatch.setattr(cifar_loop, "JitterTable", boom)
     cifar.train_run(small_cfg(), make_data(), CPU, seed=0)
 
 
@@ -273,7 +287,16 @@ def test_jitter_on_is_its_only_effect(monkeypatch):
     generator and changes nothing else."""
     off = cifar.train_run(small_cfg(epochs=0.5), make_data(), CPU, seed=1)
     calls = []
-    monkeypatch.setattr(cifar_loop, "jitter_batch", lambda inputs, **kw: calls.append(kw["step"]) or inputs)
+
+    class Identity:
+        def __init__(self, **kwargs):
+            pass
+
+        def __call__(self, inputs, step):
+            calls.append(step)
+            return inputs
+
+    monkeypatch.setattr(cifar_loop, "JitterTable", Identity)
     on = cifar.train_run(small_cfg(epochs=0.5, jitter_brightness=0.1, jitter_contrast=0.1), make_data(), CPU, seed=1)
     assert same_weights(off, on)
     assert calls == list(range(on.steps))  # once per step, with the step's number

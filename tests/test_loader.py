@@ -105,3 +105,90 @@ def test_channel_stats_in_chunks_match_the_direct_computation():
     flat = x.double().div(255).transpose(0, 1).reshape(3, -1)
     assert torch.allclose(mean.double(), flat.mean(1), atol=1e-6)
     assert torch.allclose(std.double(), flat.std(1), atol=1e-6)
+
+
+def _reference_batches(images, labels, batch, steps, *, seed, flip, translate_px, mean, std, dtype, channels_last):
+    """Each batch as the loader made it before it standardized once: the epoch's uint8 images augmented with the
+    same draws, then each batch standardized on its own."""
+    from speedrun.data import augment
+    from speedrun.data.loader import _generator
+    n = len(images)
+    base = torch.rand(n, generator=_generator(seed, -1)) < 0.5
+    out, epoch, pos, x = [], 0, 0, None
+    while len(out) < steps:
+        if x is None or pos + batch > n:
+            g = _generator(seed, epoch)
+            perm = torch.randperm(n, generator=g)
+            coins = base if flip == "alternating" else torch.rand(n, generator=g) < 0.5
+            mask = augment.flip_mask(coins, epoch, flip)
+            dy, dx = torch.randint(-translate_px, translate_px + 1, (2, n), generator=g)
+            x = augment.hflip(images[perm], None if mask is None else mask[perm])
+            x = augment.translate(x, dy, dx, translate_px)
+            y = labels[perm]
+            epoch, pos = epoch + 1, 0
+        out.append((normalize(x[pos:pos + batch], mean, std, dtype, channels_last), y[pos:pos + batch]))
+        pos += batch
+    return out
+
+
+@pytest.mark.parametrize("dtype,channels_last", [(torch.float32, False), (torch.bfloat16, True),
+                                                 (torch.float16, True)])
+def test_standardizing_once_gives_the_batches_of_standardizing_each_bit_for_bit(dtype, channels_last):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (40, 3, 6, 6), dtype=torch.uint8, generator=g)
+    labels = torch.arange(40) % 4
+    mean, std = channel_stats(images)
+    loader = DeviceLoader(images, labels, batch_size=8, epochs=3.0, num_classes=4, device=torch.device("cpu"),
+                          mean=mean, std=std, dtype=dtype, channels_last=channels_last, flip="alternating",
+                          translate_px=2, seed=5, drop_last=True)
+    got = list(loader)
+    expected = _reference_batches(images, labels, 8, loader.steps, seed=5, flip="alternating", translate_px=2,
+                                  mean=mean, std=std, dtype=dtype, channels_last=channels_last)
+    assert len(got) == len(expected) == 15
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert x.dtype == dtype and torch.equal(x, ex) and torch.equal(y, ey)
+        assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+@pytest.mark.parametrize("n,batch,epochs,steps", [(50, 8, 1.0, 6), (50, 8, 9.9, 60), (48, 8, 2.0, 12),
+                                                  (50_000, 1024, 9.9, 476), (50_000, 1024, 2.0, 96)])
+def test_drop_last_counts_whole_batches_of_each_epoch_as_airbench(n, batch, epochs, steps):
+    assert steps_for(epochs, n, batch, drop_last=True) == steps
+    if n < 1000:
+        loader = make(n=n, batch=batch, epochs=epochs, drop_last=True)
+        stream = [ids(x) for x, _ in loader]
+        assert len(stream) == loader.steps == steps and all(len(s) == batch for s in stream)
+        per_epoch = n // batch
+        for e in range(steps // per_epoch):  # each epoch's batches: distinct examples, never straddling epochs
+            seen = torch.cat(stream[e * per_epoch:(e + 1) * per_epoch])
+            assert len(set(seen.tolist())) == per_epoch * batch
+        assert loader.epoch_at(per_epoch) == 1.0
+
+
+def test_drop_last_resumes_at_any_step_with_the_same_batches():
+    whole = [x for x, _ in make(n=50, batch=8, epochs=3.0, drop_last=True, flip="alternating", translate_px=1)]
+    for start in (0, 5, 6, 7, 17):
+        again = make(n=50, batch=8, epochs=3.0, drop_last=True, flip="alternating", translate_px=1)
+        assert all(torch.equal(a[0], b) for a, b in zip(again.batches(start), whole[start:]))
+
+
+def test_drop_last_with_a_batch_larger_than_the_data_drops_nothing():
+    loader = make(n=10, batch=32, epochs=4.0, drop_last=True)
+    assert loader.steps == steps_for(4.0, 10, 32) == steps_for(4.0, 10, 32, drop_last=True) == 2
+    assert all(len(x) == 32 for x, _ in loader)
+
+
+def test_one_copy_to_the_device_an_epoch():
+    """The epoch's five draws (order, flips, two shifts, corners) travel in one copy."""
+    from speedrun.engine.launches import Counter
+    with Counter() as c:
+        loader = DeviceLoader(torch.zeros(20, 3, 4, 4, dtype=torch.uint8), torch.zeros(20, dtype=torch.int64),
+                              batch_size=5, epochs=2.0, num_classes=2, device=torch.device("meta"),
+                              mean=torch.zeros(3), std=torch.ones(3), flip="random", translate_px=1, cutout_px=2)
+        c.mark()
+        batches = loader.batches(0)
+        for _ in range(4):
+            next(batches)
+            c.mark()
+    setup, first, *rest = c.stretches
+    assert len(first.host_to_device) == 1 and all(not w.host_to_device for w in rest)

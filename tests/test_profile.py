@@ -61,7 +61,7 @@ def test_an_in_memory_familys_run_is_its_steps_and_its_evaluation(recipe, tiny):
     rec = get_recipe(recipe)
     cfg = rec.make_config()
     run = rec.module().flops(cfg, tiny)
-    assert run.steps == steps_for(cfg.epochs, tiny.num_train, cfg.batch_size)
+    assert run.steps == rec.module().run_steps(cfg, tiny.num_train)
     assert run.run == run.train_step * run.steps + run.evaluation
     model = flops.on_meta(lambda: rec.module().build_model(cfg, 3, 10))
     assert run.evaluation == flops.evaluation(model, (3, 32, 32), len(tiny.test_labels), cfg.tta_level)

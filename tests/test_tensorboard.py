@@ -175,7 +175,7 @@ def test_the_log_reads_a_steps_loss_only_at_the_next_row(tmp_path):
     """The hook keeps the tensor, not its value: a value read at once would cost a device sync every step."""
     board = boards.open_board(tmp_path / "tb", "cifar10-94")
     cfg = dataclasses.replace(cifar.cifar10_94(), batch_size=16, epochs=2.0)
-    with boards.run_log(board, cfg, seed=0, dataset=DATA, num_train=64) as log:
+    with boards.run_log(board, cfg, seed=0, dataset=DATA, steps=8) as log:
         loss = torch.tensor(1.0)
         log.scalars(1, loss, 0.5, 0.1)
         loss.fill_(3.0)  # changed after the hook: the row must see this value
@@ -189,7 +189,7 @@ def test_the_log_reads_a_steps_loss_only_at_the_next_row(tmp_path):
 def test_a_failing_write_is_a_warning_and_the_run_goes_on(tmp_path):
     board = boards.open_board(tmp_path / "tb", "cifar10-94")
     cfg = dataclasses.replace(cifar.cifar10_94(), batch_size=16, epochs=2.0)
-    with boards.run_log(board, cfg, seed=0, dataset=DATA, num_train=64) as log:
+    with boards.run_log(board, cfg, seed=0, dataset=DATA, steps=8) as log:
         def full(*args, **kwargs):
             raise OSError(28, "No space left on device")
 
@@ -210,7 +210,7 @@ def test_a_log_that_cannot_start_or_finish_is_a_warning_and_the_runs_error_still
 
     monkeypatch.setattr(boards, "writer_module", lambda: SimpleNamespace(SummaryWriter=refused, summary=real.summary))
     with pytest.warns(UserWarning, match="cannot write .*Permission denied.*goes on without it"):
-        with boards.run_log(board, cfg, seed=0, dataset=DATA, num_train=64) as log:
+        with boards.run_log(board, cfg, seed=0, dataset=DATA, steps=8) as log:
             log.scalars(1, torch.tensor(1.0), 1.0, 0.1)
             log.row({"step": 1, "train_seconds": 0.5, "train_loss": 1.0, "train_acc": 0.0, "val_acc": None})
     monkeypatch.setattr(boards, "writer_module", lambda: real)
@@ -220,7 +220,7 @@ def test_a_log_that_cannot_start_or_finish_is_a_warning_and_the_runs_error_still
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="illegal memory access"):
-        with boards.run_log(board, cfg, seed=1, dataset=DATA, num_train=64) as log:
+        with boards.run_log(board, cfg, seed=1, dataset=DATA, steps=8) as log:
             log.scalars(1, torch.tensor(1.0).as_subclass(Broken), 1.0, 0.1)
             raise KeyboardInterrupt
 
@@ -254,7 +254,7 @@ def test_two_settings_with_one_folder_name_get_two_folders(tmp_path):
     board = boards.open_board(tmp_path / "tb", "cifar10-94")
     cfg = dataclasses.replace(cifar.cifar10_94(), batch_size=16)
     for setting in ("k=a/b", "k=a b", "k=a/b"):
-        with boards.run_log(board, cfg, seed=0, dataset=DATA, num_train=64, setting=setting):
+        with boards.run_log(board, cfg, seed=0, dataset=DATA, steps=8, setting=setting):
             pass
     assert sorted(p.name for p in board.folder.iterdir()) == ["k=a_b", "k=a_b-2"]
 

@@ -1,8 +1,8 @@
 """benchmarks/vs_airbench.py: the data handed to airbench, the parsing of its table, the statistics, and an
 end-to-end CPU dry run (ours only; airbench needs CUDA and torchvision, which the test machine lacks)."""
 
+import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from speedrun.data import sources
+from speedrun.recipes import get_recipe
 
 from conftest import load_benchmark, make_tiny
 
@@ -292,12 +293,15 @@ def test_on_cpu_and_dry_run_cpu_exclude_each_other(capsys):
     assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("num_train,batch", [(50_000, 1024), (50_000, 512), (2048, 64), (1000, 7)])
-def test_ours_epochs_give_exactly_airbenchs_step_count(num_train, batch):
+def test_ours_epochs_give_exactly_airbenchs_step_count(num_train, batch, drop_last):
+    rec = get_recipe("cifar10-94")
+    cfg = dataclasses.replace(rec.make_config(), batch_size=batch, drop_last_batch=drop_last)
     for tenths in range(1, 120):
         steps = vs.airbench_steps(50_000, tenths / 10)
-        epochs = vs.ours_epochs_for(steps, num_train, batch)
-        assert math.ceil(epochs * num_train / batch) == steps and epochs > 0
+        epochs = vs.ours_epochs_for(rec, cfg, steps, num_train)
+        assert rec.module().run_steps(dataclasses.replace(cfg, epochs=epochs), num_train) == steps and epochs > 0
     assert vs.airbench_steps(50_000, 9.9) == 476 and vs.airbench_steps(50_000, 1) == 48
 
 

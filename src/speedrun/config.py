@@ -147,9 +147,12 @@ class SystemConfig:
     what is trained. A family's Config inherits them, so `--set precision=bf16` means the same in every family.
     engine/system.py's setup_system turns them into what a loop uses (tricks/precision.py holds each trick's card)."""
 
-    # auto: bf16 autocast on CUDA, and on a CPU with native bf16 instructions where the family says so (below);
-    # else fp32
+    # auto: on CUDA the family's CUDA_AUTO_PRECISION (below); bf16 autocast on a CPU with native bf16 instructions
+    # where the family says so (below); else fp32
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # Half weights (tricks/precision.py, as airbench): parameters, gradients and momentum in the 16-bit precision,
+    # BatchNorm in fp32, no autocast. auto: on where the run is on CUDA at fp16 and the family says so (below).
+    half_weights: Literal["auto", "on", "off"] = "auto"
     channels_last: Literal["auto", "on", "off"] = "auto"  # auto: on for CUDA and CPU (see below), off for MPS
     # What channels_last=auto means on a CPU for this family (a class constant, not a setting): a family whose
     # CPU runs crash in channels_last turns it off here, and everything that resolves "auto" (the run, ablate's
@@ -158,6 +161,10 @@ class SystemConfig:
     # Whether precision=auto means bf16 autocast on a CPU with native bf16 instructions (AVX-512 BF16 or AMX): a
     # family turns it on once its accuracy is measured to hold at bf16 on such a CPU (BENCHMARKS.md), else fp32.
     BF16_AUTO_ON_CPU: ClassVar[bool] = False
+    # What precision=auto means on CUDA for this family, and whether half_weights=auto is on there at fp16: a family
+    # changes them once their accuracy is measured to hold (BENCHMARKS.md).
+    CUDA_AUTO_PRECISION: ClassVar[str] = "bf16"
+    HALF_WEIGHTS_AUTO_ON_CUDA: ClassVar[bool] = False
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
         "max-autotune-no-cudagraphs"  # torch.compile's modes
@@ -167,8 +174,11 @@ class SystemConfig:
     cpu_threads: int = 0
     # torch.optim's update kernels for the recipe's SGD optimizers (tricks/optimizer_kernel.py); auto: torch's choice
     optimizer_kernel: Literal["auto", "foreach", "fused", "for-loop"] = "auto"
-    # stop a run within one step of its loss turning NaN/inf (engine/loop.py's FiniteLossGuard)
+    # stop a run soon after its loss turns NaN/inf (engine/loop.py's FiniteLossGuard), naming the step
     check_finite_loss: bool = True
+    # on an accelerator the guard reads the losses back every this many steps, in one copy (a read per step would
+    # drain the device's queue each step); on the CPU it reads every step, which costs nothing there
+    check_finite_every_steps: int = 8
     # Under torchrun: BatchNorm normalizes each process's share of the batch by that share's statistics unless
     # this is on (SyncBatchNorm: statistics over the global batch, an all-reduce per BN layer; CUDA only).
     sync_bn: bool = False
@@ -179,10 +189,14 @@ class SystemConfig:
                 not 0 <= self.cpu_threads <= 1024:
             raise ValueError(f"bad config: cpu_threads={self.cpu_threads!r} must be an integer in [0, 1024] "
                              "(0: torch's default)")
+        every = self.check_finite_every_steps
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10**6:
+            raise ValueError(f"bad config: check_finite_every_steps={every!r} must be an integer in [1, 1000000]")
 
 
 # System settings that change how fast a run goes, never what it computes: a resumed run may change them.
-SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss", "cpu_threads", "optimizer_kernel"})
+SYSTEM_MAY_DIFFER = frozenset({"compile", "compile_mode", "check_finite_loss", "check_finite_every_steps",
+                               "cpu_threads", "optimizer_kernel"})
 
 
 def check_int(name: str, flag: str, value: Any, low: int, high: int) -> int:

@@ -5,11 +5,18 @@ record from 79 s to 70 s, and of airbench's loader).
 Epochs form one continuous stream: epoch e is a fresh permutation of all N examples, and batches are cut from
 the concatenation of epochs 0, 1, 2, ... . So every epoch visits every example exactly once, every batch is full
 (static shapes for torch.compile and CUDA graphs), and a fractional epoch count gives exactly
-ceil(epochs * N / batch_size) steps. (airbench instead drops each epoch's last partial batch: 9.9 epochs of
-50,000 at batch 1024 are 476 steps there, 484 here.)
+ceil(epochs * N / batch_size) steps. With drop_last, as airbench, each epoch's last partial batch is dropped
+instead: an epoch is N // batch_size batches, and 9.9 epochs of 50,000 at batch 1024 are 476 steps, not 484.
 
-All randomness comes from CPU generators seeded by (seed, epoch) and is moved to the device, so a run is
-deterministic under its seed and draws the same augmentations on CPU, CUDA and MPS.
+All randomness comes from CPU generators seeded by (seed, epoch) and is moved to the device in one copy an epoch,
+so a run is deterministic under its seed and draws the same augmentations on CPU, CUDA and MPS.
+
+The training set is standardized once, in the run's dtype and layout, at the first batch (inside the timed region,
+as airbench does), and every epoch gathers its augmented images from that copy; a batch is then a slice of the
+epoch, with no work of its own unless cutout or cutmix is on. Standardizing is elementwise and the augmentations
+are gathers, so the batches are bit for bit those of standardizing each batch after augmenting it
+(tests/test_loader.py). A training step thus copies nothing from the host and launches no kernel for its input
+(tests/test_lean_step.py counts it).
 """
 
 from __future__ import annotations
@@ -42,21 +49,35 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype,
               channels_last: bool = False) -> torch.Tensor:
-    """uint8 (N, C, H, W) -> standardized `dtype` (N, C, H, W), optionally in channels_last memory order."""
-    mean = mean.to(images.device).view(1, -1, 1, 1)
-    std = std.to(images.device).view(1, -1, 1, 1)
-    x = ((images.float() / 255 - mean) / std).to(dtype)
+    """uint8 (N, C, H, W) -> standardized `dtype` (N, C, H, W), optionally in channels_last memory order.
+
+    mean, std: (C,) float32 on the images' device (a copy from the host here would synchronize a GPU each call)."""
+    assert mean.device == images.device and std.device == images.device, "normalization constants off the device"
+    x = ((images.float() / 255 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def steps_for(epochs: float, num_examples: int, batch_size: int) -> int:
-    """Exact step count for a (possibly fractional) number of epochs: ceil(epochs * N / batch_size).
+def steps_for(epochs: float, num_examples: int, batch_size: int, drop_last: bool = False) -> int:
+    """Exact step count for a (possibly fractional) number of epochs: ceil(epochs * N / batch_size), or with
+    drop_last (each epoch's last partial batch dropped, as airbench) ceil(epochs * (N // batch_size)). An epoch
+    smaller than one batch has no whole batch to keep: drop_last then counts as off, and batches straddle epochs.
 
-    epochs * N is rounded to 6 decimals first so that 1.1 * 100 counts as 110, not 110.00000000000001 (111 steps).
+    The product is rounded to 6 decimals first so that 1.1 * 100 counts as 110, not 110.00000000000001 (111 steps).
     """
     if epochs <= 0:
         raise ValueError(f"epochs must be > 0, got {epochs}")
+    if drop_last and num_examples >= batch_size:
+        return max(1, math.ceil(round(epochs * (num_examples // batch_size), 6)))
     return max(1, math.ceil(round(epochs * num_examples, 6) / batch_size))
+
+
+def epochs_for_steps(steps: int, num_examples: int, batch_size: int, drop_last: bool = False) -> float:
+    """The epochs that steps_for maps to exactly `steps` (the inverse a schedule compressed to a step count needs)."""
+    per_epoch = num_examples // batch_size if drop_last and num_examples >= batch_size else num_examples / batch_size
+    epochs = steps / per_epoch
+    while steps_for(epochs, num_examples, batch_size, drop_last) > steps:  # floating point may land a hair above
+        epochs = math.nextafter(epochs, 0.0)
+    return epochs
 
 
 def _generator(seed: int, stream: int) -> torch.Generator:
@@ -68,7 +89,8 @@ class DeviceLoader:
     """Iterates `steps` training batches of (inputs, targets), all on `device`.
 
     images: (N, C, H, W) uint8; labels: (N,) int64. inputs: (B, C, H, W) `dtype`, standardized by the training
-    set's channel statistics. targets: (B,) int64 labels, or (B, K) float probabilities when cutmix is on.
+    set's channel statistics mean, std (C,), which are kept on the device (`self.mean`, `self.std`). targets:
+    (B,) int64 labels, or (B, K) float probabilities when cutmix is on.
     share: under torchrun, this process's slice of every global batch (dist.share): every process cuts the same
     global batches from the same permutation and keeps its part, so K processes see exactly the examples, and the
     augmentations, of one process.
@@ -78,7 +100,7 @@ class DeviceLoader:
                  num_classes: int, device: torch.device, mean: torch.Tensor, std: torch.Tensor,
                  dtype: torch.dtype = torch.float32, channels_last: bool = False, flip: str = "none",
                  translate_px: int = 0, cutout_px: int = 0, cutmix_px: int = 0, seed: int = 0,
-                 share: slice | None = None):
+                 share: slice | None = None, drop_last: bool = False):
         n, _, h, w = images.shape
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -91,10 +113,13 @@ class DeviceLoader:
         self.images = images.to(device)
         self.labels = labels.to(device)
         self.batch_size, self.num_classes, self.device = batch_size, num_classes, device
-        self.mean, self.std, self.dtype, self.channels_last = mean, std, dtype, channels_last
+        self.mean, self.std = mean.to(device), std.to(device)
+        self.dtype, self.channels_last = dtype, channels_last
+        self._standardized: torch.Tensor | None = None  # the whole set in dtype and layout, made at the first batch
         self.flip, self.translate_px, self.cutout_px, self.cutmix_px = flip, translate_px, cutout_px, cutmix_px
         self.seed, self.share = seed, share
-        self.steps = steps_for(epochs, n, batch_size)
+        self.drop_last = drop_last and n >= batch_size  # (steps_for: an epoch of no whole batch drops nothing)
+        self.steps = steps_for(epochs, n, batch_size, drop_last)
         # One coin per image for the whole run: alternating flip derives every epoch's flips from it.
         self._flip_base = torch.rand(n, generator=_generator(seed, -1)) < 0.5
 
@@ -104,10 +129,18 @@ class DeviceLoader:
 
     def epoch_at(self, step: int) -> float:
         """Epochs completed after `step` steps (fractional)."""
+        if self.drop_last:
+            return step / (self.num_examples // self.batch_size)
         return step * self.batch_size / self.num_examples
 
+    def standardized(self) -> torch.Tensor:
+        """The training set standardized in the run's dtype and layout (N, C, H, W), made once."""
+        if self._standardized is None:
+            self._standardized = normalize(self.images, self.mean, self.std, self.dtype, self.channels_last)
+        return self._standardized
+
     def _epoch(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One epoch's shuffled, geometrically augmented uint8 images, labels, and cutout/cutmix corners."""
+        """One epoch's shuffled, geometrically augmented standardized images, labels, and cutout/cutmix corners."""
         n, _, h, w = self.images.shape
         g = _generator(self.seed, epoch)
         perm = torch.randperm(n, generator=g)
@@ -118,15 +151,19 @@ class DeviceLoader:
         # (4, N): cutout top, left; cutmix top, left. Each square lies wholly inside the image.
         corners = torch.stack([torch.randint(0, dim - size + 1, (n,), generator=g)
                                for size in (self.cutout_px, self.cutmix_px) for dim in (h, w)])
-        perm_d = perm.to(self.device)
-        x = self.images[perm_d]  # (N, C, H, W) uint8, in this epoch's order
-        x = augment.hflip(x, None if mask is None else mask[perm].to(self.device))
-        x = augment.translate(x, dy.to(self.device), dx.to(self.device), p)
-        return x, self.labels[perm_d], corners.to(self.device)
+        flips = torch.zeros(n, dtype=torch.int64) if mask is None else mask[perm].long()
+        # (8, N) int64: every draw of the epoch in one copy to the device (one synchronization, not five)
+        draws = torch.cat([perm.view(1, n), flips.view(1, n), dy.view(1, n), dx.view(1, n), corners]).to(self.device)
+        perm_d, flips_d, dy_d, dx_d, corners_d = draws[0], draws[1], draws[2], draws[3], draws[4:]
+        x = self.standardized()[perm_d]  # (N, C, H, W), in this epoch's order
+        x = augment.hflip(x, None if mask is None else flips_d.bool())
+        x = augment.translate(x, dy_d, dx_d, p)
+        if self.channels_last:  # the gathers give NCHW; a batch is a slice of this, so its layout is set here
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, self.labels[perm_d], corners_d
 
     def _finish(self, x: torch.Tensor, y: torch.Tensor, corners: torch.Tensor):
-        """Per batch: standardize, then cutout and cutmix (which act on standardized values)."""
-        x = normalize(x, self.mean, self.std, self.dtype, self.channels_last)
+        """Per batch: cutout and cutmix (which act on standardized values); nothing when both are off."""
         x = augment.cutout(x, corners[0], corners[1], self.cutout_px)
         if self.cutmix_px == 0:
             return x, y
@@ -144,16 +181,22 @@ class DeviceLoader:
     def batches(self, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches from step `start_step` on: each is a pure function of (seed, step), so a resumed run
         continues with exactly the batches an uninterrupted one would have seen."""
-        epoch, pos = divmod(start_step * self.batch_size, self.num_examples)
+        if self.drop_last:  # whole batches from each epoch, the rest of it unused
+            per_epoch = self.num_examples // self.batch_size
+            epoch, pos = start_step // per_epoch, start_step % per_epoch * self.batch_size
+        else:
+            epoch, pos = divmod(start_step * self.batch_size, self.num_examples)
         x, y, corners = self._epoch(epoch)
+        # where the current epoch's batches end: all of it, or its whole batches
+        end = self.num_examples // self.batch_size * self.batch_size if self.drop_last else self.num_examples
         for _ in range(start_step, self.steps):
             parts = []
             need = self.batch_size
             while need > 0:  # a batch may straddle epochs (more than two when batch_size > N)
-                if pos == len(x):
+                if pos >= end:
                     epoch, pos = epoch + 1, 0
                     x, y, corners = self._epoch(epoch)
-                take = min(need, len(x) - pos)
+                take = min(need, end - pos)
                 parts.append((x[pos:pos + take], y[pos:pos + take], corners[:, pos:pos + take]))
                 pos, need = pos + take, need - take
             if len(parts) == 1:

@@ -154,27 +154,32 @@ def stop_at_step_end():
 
 
 class FiniteLossGuard:
-    """Stops a run within one step of its loss turning NaN or inf (a diverged run would otherwise finish as a
-    normal result near chance accuracy), and tells the loop when to stop for a signal.
+    """Stops a run soon after its loss turns NaN or inf (a diverged run would otherwise finish as a normal result
+    near chance accuracy), naming the step, and tells the loop when to stop for a signal.
 
-    On the CPU and MPS the check reads the loss at once. On CUDA reading it would drain the queue every step, so
-    each step's loss is copied into pinned host memory behind a CUDA event, and the previous step's value is read
-    after the current step has been queued: the GPU stays busy with step s while the CPU checks step s - 1, and a
-    divergence at step s - 1 stops the run before step s + 1 is queued. `finish()` checks the last step.
+    On the CPU the check reads the loss at once (reading costs nothing there). On an accelerator a read drains the
+    device's queue, so the guard reads every `every_steps` steps: it keeps each step's loss (a reference: no
+    kernel), and at the K-th stacks the K losses (one kernel) and copies them to the host in one transfer. On CUDA
+    the copy goes to pinned memory behind an event and is read at the next K-th step, so the host never waits for
+    the device; elsewhere (MPS, the meta device of the counts) it is read at once. A divergence is reported at its
+    exact step, within 2K steps of it on CUDA. `finish()` checks what is left.
 
     Under torchrun every process must stop at the same step (a process that leaves the loop early would leave the
     others waiting in the next all-reduce): the loss and the stop flag travel together in one 2-element sum across
-    processes, so a NaN or a signal on any process stops all of them at the same step.
+    processes each step, so a NaN or a signal on any process stops all of them at the same step.
     """
 
     def __init__(self, device: torch.device, total_steps: int, lr_name: str, enabled: bool = True,
-                 world: dist.World | None = None, stop: StopRequest | None = None):
+                 world: dist.World | None = None, stop: StopRequest | None = None, every_steps: int = 8):
         self.device, self.total_steps, self.lr_name, self.enabled = device, total_steps, lr_name, enabled
         self.world, self.stop = world or dist.World(), stop or StopRequest()
-        self._pending: tuple[int, float, torch.Tensor, torch.cuda.Event] | None = None
+        self.every_steps = max(1, every_steps)
+        self._kept: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not yet copied
+        self._in_flight: tuple[list[tuple[int, float]], torch.Tensor, torch.cuda.Event] | None = None
         self._many = self.world.size > 1
-        if device.type == "cuda" and (enabled or self._many):
+        if device.type == "cuda" and self._many:
             self._slots = [torch.empty(2, dtype=torch.float32, pin_memory=True) for _ in range(2)]
+        self._pending: tuple[int, float, torch.Tensor, torch.cuda.Event] | None = None
 
     def _raise_if_bad(self, step: int, loss: float, lr: float) -> None:
         if self.enabled and not math.isfinite(loss):
@@ -185,10 +190,12 @@ class FiniteLossGuard:
 
         Returns True when the loop should stop after this step for a signal (on any process)."""
         if not self._many:
-            if self.enabled and self.device.type != "cuda":
+            if self.enabled and self.device.type == "cpu":
                 self._raise_if_bad(step, loss.item(), lr)
             elif self.enabled:
-                self._queue(step, loss.detach().float().reshape(1), lr)
+                self._kept.append((step, lr, loss.detach()))
+                if len(self._kept) >= self.every_steps:
+                    self._send()
             return self.stop.signum is not None
         flag = torch.tensor([0.0 if self.stop.signum is None else 1.0], device=self.device)
         packet = torch.cat([loss.detach().float().reshape(1) if self.enabled else torch.zeros_like(flag), flag])
@@ -199,8 +206,34 @@ class FiniteLossGuard:
         read = self._queue(step, packet, lr)
         return read is not None and read[1] > 0
 
+    def _send(self) -> None:
+        """The kept losses to the host in one copy; checked now, or on CUDA at the next send (or finish)."""
+        steps = [(step, lr) for step, lr, _ in self._kept]
+        losses = torch.stack([loss for _, _, loss in self._kept]).float()  # (K,)
+        self._kept = []
+        if self.device.type != "cuda":
+            self._check_all(steps, losses.tolist())
+            return
+        host = torch.empty(len(steps), dtype=torch.float32, pin_memory=True)
+        host.copy_(losses, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        previous, self._in_flight = self._in_flight, (steps, host, event)
+        if previous is not None:
+            self._read(previous)
+
+    def _read(self, sent: tuple[list[tuple[int, float]], torch.Tensor, torch.cuda.Event]) -> None:
+        steps, host, event = sent
+        event.synchronize()
+        self._check_all(steps, host.tolist())
+
+    def _check_all(self, steps: list[tuple[int, float]], losses: list[float]) -> None:
+        for (step, lr), loss in zip(steps, losses):
+            self._raise_if_bad(step, loss, lr)
+
     def _queue(self, step: int, values: torch.Tensor, lr: float) -> tuple[float, float] | None:
-        """Copy this step's values to pinned memory behind an event; read and check the previous step's."""
+        """Under torchrun on CUDA: copy this step's values to pinned memory behind an event; read and check the
+        previous step's."""
         slot = self._slots[step % 2]
         slot[:len(values)].copy_(values, non_blocking=True)
         event = torch.cuda.Event()
@@ -215,6 +248,14 @@ class FiniteLossGuard:
         return loss, flag
 
     def finish(self) -> None:
+        if self._in_flight is not None:
+            sent, self._in_flight = self._in_flight, None
+            self._read(sent)
+        if self._kept:
+            self._send()
+            if self._in_flight is not None:
+                sent, self._in_flight = self._in_flight, None
+                self._read(sent)
         if self._pending is not None:
             step, lr, slot, event = self._pending
             self._pending = None

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_precision,
-                                       set_cpu_threads, set_cudnn_benchmark, to_channels_last)
+from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_half_weights,
+                                       resolve_precision, set_cpu_threads, set_cudnn_benchmark, to_channels_last,
+                                       to_half_weights)
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
@@ -25,18 +26,24 @@ class System:
     device: torch.device
     precision: str  # "fp32", "bf16" or "fp16"
     channels_last: bool
+    half_weights: bool = False  # weights in `dtype`, BatchNorm in fp32, no autocast
 
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.precision]
 
     def amp(self) -> contextlib.AbstractContextManager:
+        """The forward pass's context: autocast at a 16-bit precision, nothing with half weights or fp32."""
+        if self.half_weights:
+            return contextlib.nullcontext()
         return autocast(self.device, self.precision)
 
     def prepare(self, model: nn.Module, cfg) -> tuple[nn.Module, nn.Module]:
         """The model in this layout on the device, and its forward (compiled when cfg.compile); cuDNN's autotuner
         set as cfg says. Both share parameters."""
         model = to_channels_last(model.to(self.device), self.channels_last)
+        if self.half_weights:
+            model = to_half_weights(model, self.dtype)
         set_cudnn_benchmark(self.device, cfg.cudnn_benchmark)
         return model, maybe_compile(model, cfg.compile, cfg.compile_mode)
 
@@ -51,8 +58,11 @@ def setup_system(cfg, device: torch.device) -> System:
 def resolve_system(cfg, device: torch.device) -> System:
     """What cfg's device-side settings mean on `device` (precision=auto resolved, ...), changing nothing."""
     # auto on a CPU with native bf16: bf16 where the family measured it
-    return System(device, resolve_precision(cfg.precision, device, type(cfg).BF16_AUTO_ON_CPU),
-                  resolve_channels_last(cfg.channels_last, device, type(cfg).CHANNELS_LAST_AUTO_ON_CPU))
+    family = type(cfg)
+    precision = resolve_precision(cfg.precision, device, family.BF16_AUTO_ON_CPU, family.CUDA_AUTO_PRECISION)
+    return System(device, precision,
+                  resolve_channels_last(cfg.channels_last, device, family.CHANNELS_LAST_AUTO_ON_CPU),
+                  resolve_half_weights(cfg.half_weights, device, precision, family.HALF_WEIGHTS_AUTO_ON_CUDA))
 
 
 def _mps_available() -> bool:

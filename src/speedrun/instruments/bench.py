@@ -25,7 +25,6 @@ from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int, field_types
-from speedrun.data.loader import steps_for
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device, resolve_system
@@ -96,7 +95,8 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None, 
     """One training run of a benchmark (by every process of `world` under torchrun): a divergence is a run too
     (its step, no accuracy), and the model is dropped (a benchmark keeps numbers, not weights). board: a
     tensorboard.Board (rank 0's, with --tensorboard) that gets the run as <setting>/seed-<n>."""
-    with boards.run_log(board, cfg, seed=seed, dataset=dataset, num_train=data.num_train, setting=name) as scalars:
+    with boards.run_log(board, cfg, seed=seed, dataset=dataset, steps=family.run_steps(cfg, data.num_train),
+                         setting=name) as scalars:
         hooks = {} if scalars is None else {"on_epoch": scalars.row, "on_scalars": scalars.scalars}
         try:
             run = family.train_run(cfg, data, dev, seed, world=world, **hooks)
@@ -126,8 +126,8 @@ def warm_up(family, cfg, data, dev, world, name: str, log) -> float:
         seconds = family.warmup(cfg, data, dev, world)
         if seconds == 0.0:
             short = cfg
-            if steps_for(cfg.epochs, data.num_train, cfg.batch_size) > WARMUP_STEPS:
-                short = family.with_epochs(cfg, WARMUP_STEPS * cfg.batch_size / data.num_train)
+            if family.run_steps(cfg, data.num_train) > WARMUP_STEPS:
+                short = family.with_epochs(cfg, family.epochs_for_steps(cfg, data.num_train, WARMUP_STEPS))
                 try:
                     short.validate()
                 except ValueError:  # a setting that cannot be cut this short (an epoch-long phase): the whole run

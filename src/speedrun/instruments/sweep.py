@@ -588,7 +588,8 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
             for r in range(runs):
                 hook = _reporter(trial, r, objective) if prune else None
                 try:
-                    with boards.run_log(board, cfg, seed=seed + r, dataset=stored_as, num_train=data.num_train,
+                    with boards.run_log(board, cfg, seed=seed + r, dataset=stored_as,
+                                        steps=family.run_steps(cfg, data.num_train),
                                         setting=f"trial-{trial.number}") as scalars:
                         hooks = {} if scalars is None else {"on_scalars": scalars.scalars}
                         run = family.train_run(cfg, data, dev, seed + r, on_epoch=boards.on_epoch_too(scalars, hook),

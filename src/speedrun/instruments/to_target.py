@@ -33,7 +33,6 @@ from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int
-from speedrun.data.loader import steps_for
 from speedrun.engine.system import resolve_device
 from speedrun.errors import print_line
 from speedrun.instruments.bench import measured_run, round_orders, stopped_by, warm_up
@@ -138,18 +137,18 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
 
     def at_steps(cfg, steps: int):
         """cfg trained for exactly `steps` steps: the recipe's own config at its own count, else the schedule
-        compressed to steps * batch / N epochs, which the shared loader's rule (steps_for) maps back to `steps`."""
-        if steps == steps_for(cfg.epochs, n_train, cfg.batch_size):
+        compressed to the epochs that the family counts as `steps` (its epochs_for_steps and run_steps)."""
+        if steps == family.run_steps(cfg, n_train):
             return cfg
-        probe = family.with_epochs(cfg, steps * cfg.batch_size / n_train)
+        probe = family.with_epochs(cfg, family.epochs_for_steps(cfg, n_train, steps))
         probe.validate()
-        assert steps_for(probe.epochs, n_train, probe.batch_size) == steps, (steps, probe.epochs)
+        assert family.run_steps(probe, n_train) == steps, (steps, probe.epochs)
         return probe
 
     state: dict[str, dict] = {}
     for name, _ in variants:
         cfg = configs[name]
-        start = steps_for(cfg.epochs, n_train, cfg.batch_size)
+        start = family.run_steps(cfg, n_train)
         floor, ceiling = bounds(start, int(runner.MAX_EPOCHS * n_train // cfg.batch_size))
         plan = probe_plan(start, floor, ceiling, max_probes)
         state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}

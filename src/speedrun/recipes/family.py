@@ -48,6 +48,12 @@ class Family(Protocol):
     def with_epochs(self, cfg: Any, epochs: float) -> Any:
         """cfg trained for `epochs`, every epoch-denominated setting scaled alike."""
 
+    def run_steps(self, cfg: Any, num_train: int) -> int:
+        """The optimizer steps of a run of cfg on `num_train` training examples, as its loader counts them."""
+
+    def epochs_for_steps(self, cfg: Any, num_train: int, steps: int) -> float:
+        """The epochs at which run_steps is exactly `steps` (a schedule compressed to a step count)."""
+
     def load_data(self, dataset: str, *, data_dir: Any, image_size: int | None, log: Callable[[str], None]) -> Any:
         """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples."""
 

@@ -305,7 +305,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             for i in range(first_run, runs):
                 if checkpoints is not None:
                     checkpoints.begin(i, result.runs)
-                with boards.run_log(board, cfg, seed=seed + i, dataset=dataset, num_train=data.num_train) as log:
+                with boards.run_log(board, cfg, seed=seed + i, dataset=dataset,
+                                    steps=family.run_steps(cfg, data.num_train)) as log:
                     try:
                         with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
                             run = family.train_run(cfg, data, dev, seed + i, world=world, on_step=on_step,

@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from speedrun.data.loader import steps_for
 from speedrun.errors import warn
 from speedrun.paths import in_the_way, make_folder, user_path
 
@@ -135,17 +134,15 @@ class Board:
             self._settings[setting] = unique
         return self._settings[setting]
 
-    def run(self, cfg: Any, *, seed: int, dataset: str, num_train: int, setting: str | None = None) -> RunLog:
-        """The log of one run of `cfg` (a family's config dataclass) on `num_train` training examples."""
+    def run(self, cfg: Any, *, seed: int, dataset: str, steps: int, setting: str | None = None) -> RunLog:
+        """The log of one run of `cfg` (a family's config dataclass) of `steps` optimizer steps (the family's
+        run_steps): the row at that step is the final one (Steps.final), every per-epoch row comes before it."""
         folder = self.folder / (f"seed-{seed}" if setting is None else
                                 os.path.join(self._setting_folder(setting), f"seed-{seed}"))
         config = dataclasses.asdict(cfg)
         hparams = {"recipe": self.recipe, "dataset": os.fsdecode(dataset), "seed": seed,
                    **({} if setting is None else {"setting": setting}),
                    **{k: _hparam(v) for k, v in config.items() if k not in ("recipe", "dataset", "seed", "setting")}}
-        # The run's steps as every family's loader counts them: the row at that step is the final one (Steps.final),
-        # every per-epoch row comes before it.
-        steps = steps_for(cfg.epochs, num_train, cfg.batch_size)
         return RunLog(folder, hparams, batch_size=cfg.batch_size, total_steps=steps)
 
     def close(self) -> None:

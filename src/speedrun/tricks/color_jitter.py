@@ -9,7 +9,9 @@ Why: the test set's photos vary in exposure and contrast; training on such varia
 Suggested: small strengths (0.1 or less); Hiverge's README names the augmentation, not its strengths.
 Interactions: applied after the loader's flip, translate and cutout, so a cutout square is shifted too.
 Draws: from a CPU generator seeded by (seed, step), so a run is deterministic and a resumed run draws what an
-uninterrupted one would; under torchrun every process draws the global batch's values and keeps its share.
+uninterrupted one would; under torchrun every process draws the global batch's values and keeps its share. A run
+draws all its steps' values at its start and copies them to the device once (JitterTable): a copy each step would
+synchronize a GPU with the host each step.
 """
 
 from __future__ import annotations
@@ -47,3 +49,26 @@ def jitter_batch(inputs: torch.Tensor, *, seed: int, step: int, batch_size: int,
     if share is not None:
         offsets, factors = offsets[share], factors[share]
     return brightness_contrast(inputs, offsets, factors, std)
+
+
+class JitterTable:
+    """Every step's jitter of a run, drawn on the host at once and copied to the device in one transfer each:
+    table(inputs, step) equals jitter_batch(inputs, step=step, ...) bit for bit, with no copy in the step.
+
+    shift (S, B, C, 1, 1) and scale (S, B, 1, 1, 1) in the inputs' dtype, S the run's steps, B this process's share.
+    """
+
+    def __init__(self, *, seed: int, steps: int, batch_size: int, brightness: float, contrast: float,
+                 std: torch.Tensor, device: torch.device, dtype: torch.dtype, share: slice | None = None):
+        draws = [jitter_draws(seed, step, batch_size, brightness, contrast) for step in range(steps)]
+        offsets = torch.stack([d[0] for d in draws])  # (S, B)
+        factors = torch.stack([d[1] for d in draws])
+        if share is not None:
+            offsets, factors = offsets[:, share], factors[:, share]
+        b, c = offsets.shape[1], std.numel()
+        self.shift = (offsets.view(steps, b, 1) / std.cpu().view(1, 1, c)).to(device, dtype).view(steps, b, c, 1, 1)
+        self.scale = factors.to(device, dtype).view(steps, b, 1, 1, 1)
+
+    def __call__(self, inputs: torch.Tensor, step: int) -> torch.Tensor:
+        mean = inputs.mean((2, 3), keepdim=True)  # (B, C, 1, 1)
+        return mean + (inputs - mean) * self.scale[step] + self.shift[step]

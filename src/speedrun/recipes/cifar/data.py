@@ -12,7 +12,7 @@ import torch
 from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset
-from speedrun.data.loader import channel_stats, steps_for
+from speedrun.data.loader import channel_stats, epochs_for_steps as loader_epochs, steps_for
 from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
 from speedrun.models.cifar_net import memory_lower_bound, output_side
@@ -42,6 +42,14 @@ def with_epochs(cfg: CifarConfig, epochs: float) -> CifarConfig:
     return dataclasses.replace(cfg, epochs=epochs, whiten_bias_epochs=cfg.whiten_bias_epochs * scale)
 
 
+def run_steps(cfg: CifarConfig, num_train: int) -> int:
+    return steps_for(cfg.epochs, num_train, cfg.batch_size, cfg.drop_last_batch)
+
+
+def epochs_for_steps(cfg: CifarConfig, num_train: int, steps: int) -> float:
+    return loader_epochs(steps, num_train, cfg.batch_size, cfg.drop_last_batch)
+
+
 def smoke(cfg: CifarConfig, data: Dataset) -> tuple[CifarConfig, Dataset]:
     """SMOKE_STEPS steps of at most SMOKE_BATCH images, no TTA, no per-epoch evaluation, and the first
     SMOKE_TEST_IMAGES of a fixed random order of the test set (test folders are class-ordered)."""
@@ -52,7 +60,7 @@ def smoke(cfg: CifarConfig, data: Dataset) -> tuple[CifarConfig, Dataset]:
 
 
 def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
-    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
+    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size, cfg.drop_last_batch)
     views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
     if cfg.tta_level and cfg.tta_select and cfg.tta_select < 1:  # the plain pass, then the rest for the selected
         n = len(data.test_labels)

@@ -25,7 +25,7 @@ from speedrun.engine.system import seed_everything, setup_system
 from speedrun.models import CifarNet
 from speedrun.recipes.cifar.config import CifarConfig
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
-from speedrun.tricks.color_jitter import jitter_batch
+from speedrun.tricks.color_jitter import JitterTable
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
@@ -44,7 +44,8 @@ def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
     """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
     model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
     run = run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
-                                  steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
+                                  steps_for(cfg.epochs, data.num_train, cfg.batch_size, cfg.drop_last_batch),
+                                  len(data.test_labels),
                                   cfg.tta_level)
     if not (cfg.tta_level and cfg.tta_select and cfg.tta_select < 1):
         return run
@@ -166,7 +167,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                           num_classes=data.num_classes, device=device, mean=mean, std=std, dtype=system.dtype,
                           channels_last=system.channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
                           cutout_px=cfg.cutout_px, cutmix_px=cfg.cutmix_px, seed=seed,
-                          share=dist.share(cfg.batch_size, world) if world.size > 1 else None)
+                          share=dist.share(cfg.batch_size, world) if world.size > 1 else None,
+                          drop_last=cfg.drop_last_batch)
+    mean, std = loader.mean, loader.std  # (C,) on the device, once
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
     model, forward = system.prepare(build_model(cfg, in_channels, data.num_classes), cfg)
     state = TrainState(model, build_optimizers(cfg, model))
@@ -198,11 +201,17 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     model.whiten.bias.requires_grad_(not state.whiten_bias_frozen)
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
+    jitter = None
+    if cfg.jitter_brightness or cfg.jitter_contrast:
+        jitter = JitterTable(seed=seed, steps=total_steps, batch_size=cfg.batch_size, brightness=cfg.jitter_brightness,
+                             contrast=cfg.jitter_contrast, std=std, device=device, dtype=system.dtype,
+                             share=loader.share)
     model.train()
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
                   on_scalars=on_scalars)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
-        guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop)
+        guard = FiniteLossGuard(device, total_steps, lr_name, enabled=cfg.check_finite_loss, world=world, stop=stop,
+                                every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):
             if not state.whiten_bias_frozen and loader.epoch_at(state.step) >= cfg.whiten_bias_epochs:
                 state.whiten_bias_frozen = True
@@ -212,10 +221,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
             for opt in state.optimizers:
                 for group in opt.param_groups:
                     group["lr"] = group["initial_lr"] * mult
-            if cfg.jitter_brightness or cfg.jitter_contrast:
-                inputs = jitter_batch(inputs, seed=seed, step=state.step, batch_size=cfg.batch_size,
-                                      brightness=cfg.jitter_brightness, contrast=cfg.jitter_contrast, std=std,
-                                      share=loader.share)
+            if jitter is not None:
+                inputs = jitter(inputs, state.step)
             logits, loss = train_step(train_forward, state.optimizers, inputs, targets, cfg.label_smoothing,
                                       system.amp)
             state.step += 1

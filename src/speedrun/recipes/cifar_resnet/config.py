@@ -73,7 +73,8 @@ class ResnetConfig(SystemConfig):
     target_accuracy: float = 0.9302  # kuangliu/pytorch-cifar's ResNet18
     # Schedule
     batch_size: int = 512
-    epochs: float = 15.0  # fractional epochs count steps exactly: ceil(epochs * N / batch_size)
+    epochs: float = 15.0  # fractional epochs count steps exactly: ceil(epochs * (N // batch_size)) (drop_last_batch)
+    drop_last_batch: bool = True  # each epoch's last partial batch dropped, as the cifar family
     # Augmentation (data/augment.py); translate 4 is the published random crop with 4-px padding
     flip: Literal["none", "random", "alternating"] = "alternating"
     translate_px: int = 4

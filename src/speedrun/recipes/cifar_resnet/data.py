@@ -13,7 +13,7 @@ import torch
 from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset
-from speedrun.data.loader import channel_stats, steps_for
+from speedrun.data.loader import channel_stats, epochs_for_steps as loader_epochs, steps_for
 from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
 from speedrun.recipes.cifar_resnet.config import ResnetConfig
@@ -41,6 +41,14 @@ def with_epochs(cfg: ResnetConfig, epochs: float) -> ResnetConfig:
     return dataclasses.replace(cfg, epochs=epochs)
 
 
+def run_steps(cfg: ResnetConfig, num_train: int) -> int:
+    return steps_for(cfg.epochs, num_train, cfg.batch_size, cfg.drop_last_batch)
+
+
+def epochs_for_steps(cfg: ResnetConfig, num_train: int, steps: int) -> float:
+    return loader_epochs(steps, num_train, cfg.batch_size, cfg.drop_last_batch)
+
+
 def smoke(cfg: ResnetConfig, data: Dataset) -> tuple[ResnetConfig, Dataset]:
     """SMOKE_STEPS steps of at most SMOKE_BATCH images, no TTA, no per-epoch evaluation, and the first
     SMOKE_TEST_IMAGES of a fixed random order of the test set (test folders are class-ordered)."""
@@ -51,7 +59,7 @@ def smoke(cfg: ResnetConfig, data: Dataset) -> tuple[ResnetConfig, Dataset]:
 
 
 def notes(cfg: ResnetConfig, data: Dataset, smoke: bool = False) -> list[str]:
-    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size)
+    steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size, cfg.drop_last_batch)
     views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
     return run_notes(smoke=smoke, steps=steps, batch_size=cfg.batch_size, n_test=len(data.test_labels), views=views,
                      table_evaluations=math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)

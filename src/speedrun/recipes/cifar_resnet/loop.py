@@ -46,7 +46,8 @@ def flops(cfg: ResnetConfig, data: Dataset) -> RunFlops:
     """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
     model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
     return run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
-                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size), len(data.test_labels),
+                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size, cfg.drop_last_batch),
+                                  len(data.test_labels),
                                    cfg.tta_level)
 
 
@@ -147,7 +148,9 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
     loader = DeviceLoader(data.train_images, train_labels, batch_size=cfg.batch_size, epochs=cfg.epochs,
                           num_classes=data.num_classes, device=device, mean=mean, std=std, dtype=system.dtype,
                           channels_last=system.channels_last, flip=cfg.flip, translate_px=cfg.translate_px,
-                          seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None)
+                          seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None,
+                          drop_last=cfg.drop_last_batch)
+    mean, std = loader.mean, loader.std  # (C,) on the device, once
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
     model, forward = system.prepare(build_model(cfg, in_channels, data.num_classes), cfg)
     state = TrainState(model, build_optimizers(cfg, model))
@@ -180,7 +183,8 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
                   on_scalars=on_scalars)
     with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
-        guard = FiniteLossGuard(device, total_steps, "lr", enabled=cfg.check_finite_loss, world=world, stop=stop)
+        guard = FiniteLossGuard(device, total_steps, "lr", enabled=cfg.check_finite_loss, world=world, stop=stop,
+                                every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):
             mult = lr_mult(cfg, state.step, total_steps)
             for opt in state.optimizers:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from speedrun import dist
-from speedrun.data.loader import steps_for
+from speedrun.data.loader import epochs_for_steps as loader_epochs, steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import (MANIFEST, SPLITS, SYNTHETIC_FORMAT, Shards, file_sha256, listed_splits, open_regular,
                                   prepare_command, read_classes, repair_advice, write_split)
@@ -224,6 +224,14 @@ def describe(data: ShardData) -> str:
 def with_epochs(cfg: ImagenetConfig, epochs: float) -> ImagenetConfig:
     """cfg for `epochs`: the warm-up scaled alike (the resizing ramp is in fractions of the run already)."""
     return dataclasses.replace(cfg, epochs=epochs, warmup_epochs=cfg.warmup_epochs * epochs / cfg.epochs)
+
+
+def run_steps(cfg: ImagenetConfig, num_train: int) -> int:
+    return steps_for(cfg.epochs, num_train, cfg.batch_size)
+
+
+def epochs_for_steps(cfg: ImagenetConfig, num_train: int, steps: int) -> float:
+    return loader_epochs(steps, num_train, cfg.batch_size)
 
 
 def smoke(cfg: ImagenetConfig, data: ShardData) -> tuple[ImagenetConfig, ShardData]:

@@ -185,7 +185,7 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
                   on_scalars=on_scalars)
     with stop_at_step_end() as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
-                                stop=stop)
+                                stop=stop, every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):
             if on_batch is not None:
                 on_batch(state.step, targets)
