@@ -41,18 +41,21 @@ def _train_run(src: Path, args: list[str], scratch: Path, tag: str) -> dict:
 
 
 def markdown(report: dict) -> str:
-    """BENCHMARKS.md rows (benchmarks/table.py): one per side, the working tree's with its ratio to the base."""
+    """BENCHMARKS.md rows (benchmarks/table.py): one per side, the working tree's with its ratio to the base, and
+    each side's accuracy where the report has it."""
     env, cmd = report["environment"], report["command"].replace("|", "\\|")
-    ratio, diff = report["ratio"], report["diff_seconds"]
-    lines = ["| date | device | command | side | n | timed s (mean ± std) | new / base (95% CI), Welch p |",
-             "|---|---|---|---|---|---|---|"]
+    ratio = report["ratio"]
+    accuracy = report.get("accuracy_summary")
+    lines = ["| date | device | command | side | n | timed s (mean ± std) | new / base (95% CI), Welch p | "
+             "accuracy % (mean ± std) |", "|---|---|---|---|---|---|---|---|"]
     for side in ("base", "new"):
         label = f"base {report['base']}" if side == "base" else f"new {env.get('git_commit', '')[:7]}"
         lo, hi = ratio["ci95"]
         versus = ("1 (reference)" if side == "base" else
                   f"{ratio['mean']:.3f} ({lo:.3f} to {hi:.3f}), p = {report['welch_p']:.2f}")
+        acc = "-" if accuracy is None else mean_std_text(accuracy[side], 100, 2)
         lines.append(f"| {env['timestamp_utc'][:10]} | {device_label(env)} | `{cmd}` | {label} | {report['n']} | "
-                     f"{mean_std_text(report['summary'][side], 1, 3)} | {versus} |")
+                     f"{mean_std_text(report['summary'][side], 1, 3)} | {versus} | {acc} |")
     return "\n".join(lines)
 
 

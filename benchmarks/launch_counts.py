@@ -10,7 +10,8 @@ train() unchanged: its CifarLoader loads tiny synthetic data onto meta (its `gpu
 becomes .to("meta"), its CUDA events read the host clock. Both sides: STEPS_PER_EPOCH batches of 16 an epoch (the
 last partial batch dropped by both), 4 epochs, the whitening bias frozen after 2, no per-epoch evaluation.
 Without the sdist only our rows are counted; tests/test_lean_step.py then holds ours against the pinned airbench
-numbers in benchmarks/results/launch_counts/airbench94.json (written by this script with --pin).
+numbers in benchmarks/airbench94_launches.json (written by this script with --pin). BENCHMARKS.md's table is
+rendered from the --json report by benchmarks/table.py (between the launch_counts markers).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from speedrun.instruments import launch_count as lc  # noqa: E402
 from speedrun.records.environment import environment  # noqa: E402
 from speedrun.recipes import get_recipe  # noqa: E402
 
-PINNED = ROOT / "benchmarks" / "results" / "launch_counts" / "airbench94.json"
+PINNED = ROOT / "benchmarks" / "airbench94_launches.json"
 RECIPES = ("cifar10-94", "cifar10-94-muon", "cifar10-94-hiverge", "cifar10-95", "cifar10-96", "cifar10-resnet18")
 
 
@@ -104,10 +105,14 @@ def counts_dict(c: lc.StepCounts) -> dict:
             "steps_per_epoch": lc.STEPS_PER_EPOCH}
 
 
-def markdown(rows: dict[str, dict]) -> str:
-    lines = ["| loop | kernels / step | copies to device / step | reads back / step | data-dependent / step | "
+def markdown(report: dict) -> str:
+    """BENCHMARKS.md's table of one report (benchmarks/table.py renders it between the launch_counts markers)."""
+    env = report["environment"]
+    lines = [f"{env['timestamp_utc'][:10]}, torch {env.get('torch', '')}, counted on the meta device (no GPU "
+             f"needed): `{report['command']}`", "",
+             "| loop | kernels / step | copies to device / step | reads back / step | data-dependent / step | "
              "kernels / epoch | copies / epoch | reads / epoch | data-dependent / epoch |", "|---|" + "---|" * 8]
-    for name, c in rows.items():
+    for name, c in report["counts"].items():
         s, e = c["step"], c["epoch"]
         lines.append(f"| {name} | {s['kernels']} | {s['host_to_device']} | {s['device_to_host']} | "
                      f"{s['data_dependent']} | {e['kernels']} | {e['host_to_device']} | {e['device_to_host']} | "
@@ -133,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     for recipe in args.recipes:
         rows[recipe] = counts_dict(count_ours(recipe))
-    print(markdown(rows))
+    command = ["python", "benchmarks/launch_counts.py", *(sys.argv[1:] if argv is None else argv)]
+    report = {"benchmark": "launch_counts", "environment": environment(torch.device("cpu")),
+              "command": " ".join(command), "epochs": lc.EPOCHS, "steps_per_epoch": lc.STEPS_PER_EPOCH,
+              "counts": rows}
+    print(markdown(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        report = {"environment": environment(torch.device("cpu")), "counts": rows}
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -27,7 +27,8 @@ from speedrun.records.stats import mean_std_text
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
 # scripts beside this one, each with markdown(report) -> str
-BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta")
+BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta",
+              "launch_counts")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
 COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader", "ensemble": "speedrun.run.ensemble"}
 # speedrun's own commands' reports

@@ -39,14 +39,19 @@ def test_a_checkpoint_of_the_previous_version_resumes_to_that_versions_accuracy(
     shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", folder / "ckpt-00001-000000003.safetensors")
     # The old run was fp32 (precision=auto on a CPU then); where auto now means bf16 (a CPU with native bf16
     # instructions), the resume asks for fp32 by name, as the refusal says (the next test).
+    # It trained every epoch's last partial batch (drop_last_batch did not exist): the resume says so by name.
     assert main([*CIFAR, "--set", "precision=fp32", "--checkpoint-dir", "ck", "--resume", "auto",
-                 "--json", "new.json"]) == 0
+                 "--json", "refused.json"]) == 2
+    assert "was made with drop_last_batch=False; this run has drop_last_batch=True" in capsys.readouterr().err
+    assert main([*CIFAR, "--set", "precision=fp32", "--set", "drop_last_batch=false", "--checkpoint-dir", "ck",
+                 "--resume", "auto", "--json", "new.json"]) == 0
     old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "new.json"))
     assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
     assert [r["steps"] for r in new["runs"]] == [r["steps"] for r in old["runs"]] == [4, 4]
     # the config is the old one, with the precision named and the settings added since at their defaults
     added = {k: v for k, v in field_defaults(CifarConfig).items() if k not in old["config"]}
     assert {"cpu_threads", "optimizer_kernel", "tta_select", "whiten_method"} <= set(added)
+    assert added["drop_last_batch"] is False  # what the old version did, not the new default
     assert new["config"] == json.loads(json.dumps({**old["config"], **added, "precision": "fp32"}))
 
 
@@ -64,8 +69,8 @@ def test_a_checkpoint_continues_at_the_precision_it_began_with(tmp_path, monkeyp
     assert main([*CIFAR, "--checkpoint-dir", "ck", "--resume", "auto", "--json", "a.json"]) == 2
     line = capsys.readouterr().err.strip()
     assert "ran in fp32 (precision=auto); this run would run in bf16: add --set precision=fp32" in line
-    assert main([*CIFAR, "--set", "precision=fp32", "--checkpoint-dir", "ck", "--resume", "auto",
-                 "--json", "b.json"]) == 0
+    assert main([*CIFAR, "--set", "precision=fp32", "--set", "drop_last_batch=false", "--checkpoint-dir", "ck",
+                 "--resume", "auto", "--json", "b.json"]) == 0
     old, new = (json.loads(p.read_text()) for p in (OLD / "cifar-result.json", tmp_path / "b.json"))
     assert [r["accuracy"] for r in new["runs"]] == [r["accuracy"] for r in old["runs"]]
 
@@ -111,7 +116,7 @@ def test_a_setting_added_since_a_checkpoint_resumes_only_at_its_default(tmp_path
     (tmp_path / "ck").mkdir()
     shutil.copy(OLD / "cifar-ckpt-00001-000000003.safetensors", tmp_path / "ck" / "ckpt-00001-000000003.safetensors")
     for setting, text in (("whiten_method=svd", "whiten_method='eigh'"), ("tta_select=0.5", "tta_select=0.0")):
-        assert main([*CIFAR, "--set", "precision=fp32", "--set", setting, "--checkpoint-dir", "ck", "--resume",
-                     "auto", "--json", "x.json"]) == 2
+        assert main([*CIFAR, "--set", "precision=fp32", "--set", "drop_last_batch=false", "--set", setting,
+                     "--checkpoint-dir", "ck", "--resume", "auto", "--json", "x.json"]) == 2
         line = capsys.readouterr().err.strip()
         assert f"was made with {text}" in line and "\n" not in line

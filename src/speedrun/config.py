@@ -27,7 +27,8 @@ def field_defaults(cfg: Any) -> dict[str, Any]:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
-    return out
+    # a setting whose default is not what was done before it existed says what was (SystemConfig.BEFORE_IT_EXISTED)
+    return {**out, **getattr(cfg, "BEFORE_IT_EXISTED", {})}
 
 
 def _describe(tp: Any) -> str:
@@ -165,6 +166,11 @@ class SystemConfig:
     # changes them once their accuracy is measured to hold (BENCHMARKS.md).
     CUDA_AUTO_PRECISION: ClassVar[str] = "bf16"
     HALF_WEIGHTS_AUTO_ON_CUDA: ClassVar[bool] = False
+    # For settings added with a default that changes what runs: the value that means what was done before the
+    # setting existed (config.field_defaults), so that a checkpoint made before it resumes as it was made or is
+    # refused, never continued under the new default. (half_weights=auto needs none: it is on only at fp16 on CUDA,
+    # which precision=auto did not mean before it, and a checkpoint's resolved precision is checked on resume.)
+    BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {}
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \
         "max-autotune-no-cudagraphs"  # torch.compile's modes
@@ -189,6 +195,9 @@ class SystemConfig:
                 not 0 <= self.cpu_threads <= 1024:
             raise ValueError(f"bad config: cpu_threads={self.cpu_threads!r} must be an integer in [0, 1024] "
                              "(0: torch's default)")
+        if self.half_weights == "on" and self.precision == "fp32":
+            raise ValueError("bad config: half_weights=on needs a 16-bit precision: add --set precision=fp16 (or "
+                             "bf16), or leave half_weights at auto")
         every = self.check_finite_every_steps
         if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10**6:
             raise ValueError(f"bad config: check_finite_every_steps={every!r} must be an integer in [1, 1000000]")

@@ -402,6 +402,18 @@ def profile_lines(report: dict) -> list[str]:
               f"training steps: {peak_text(report['mfu_train'])}"]
     if report["mfu_evaluation"] is not None:
         lines.append(f"final evaluation: {peak_text(report['mfu_evaluation'])}")
+    counted = report.get("launches") or {}
+    if counted.get("counted"):
+        step, epoch = counted["per_step"], counted["per_epoch"]
+        lines.append(f"asked of a GPU (counted on the meta device): a step {step['kernels']} kernels, "
+                     f"{step['host_to_device']} copies to it, {step['device_to_host']} host syncs (reads back), "
+                     f"{step['data_dependent']} data-dependent syncs; an epoch of {counted['steps_per_epoch']} steps "
+                     f"{epoch['host_to_device']} copies, {epoch['device_to_host']} host syncs, "
+                     f"{epoch['data_dependent']} data-dependent")
+        lines += [f"  {where}" for where in counted["where"]]
+        lines += [f"  not lean: {problem}" for problem in counted["problems"]]
+    elif counted:
+        lines.append(f"asked of a GPU: {counted['why']}")
     return lines
 
 

@@ -153,7 +153,10 @@ class DeviceLoader:
                                for size in (self.cutout_px, self.cutmix_px) for dim in (h, w)])
         flips = torch.zeros(n, dtype=torch.int64) if mask is None else mask[perm].long()
         # (8, N) int64: every draw of the epoch in one copy to the device (one synchronization, not five)
-        draws = torch.cat([perm.view(1, n), flips.view(1, n), dy.view(1, n), dx.view(1, n), corners]).to(self.device)
+        draws = torch.cat([perm.view(1, n), flips.view(1, n), dy.view(1, n), dx.view(1, n), corners])
+        if self.device.type == "cuda":  # from pinned memory the copy does not wait for the device
+            draws = draws.pin_memory()
+        draws = draws.to(self.device, non_blocking=True)
         perm_d, flips_d, dy_d, dx_d, corners_d = draws[0], draws[1], draws[2], draws[3], draws[4:]
         x = self.standardized()[perm_d]  # (N, C, H, W), in this epoch's order
         x = augment.hflip(x, None if mask is None else flips_d.bool())

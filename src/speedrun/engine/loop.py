@@ -179,6 +179,8 @@ class FiniteLossGuard:
         self._many = self.world.size > 1
         if device.type == "cuda" and self._many:
             self._slots = [torch.empty(2, dtype=torch.float32, pin_memory=True) for _ in range(2)]
+        if self._many:  # the stop flag's two values on the device once: picking one each step copies nothing
+            self._flags = torch.tensor([[0.0], [1.0]], device=device)
         self._pending: tuple[int, float, torch.Tensor, torch.cuda.Event] | None = None
 
     def _raise_if_bad(self, step: int, loss: float, lr: float) -> None:
@@ -197,7 +199,7 @@ class FiniteLossGuard:
                 if len(self._kept) >= self.every_steps:
                     self._send()
             return self.stop.signum is not None
-        flag = torch.tensor([0.0 if self.stop.signum is None else 1.0], device=self.device)
+        flag = self._flags[0 if self.stop.signum is None else 1]  # (1,)
         packet = torch.cat([loss.detach().float().reshape(1) if self.enabled else torch.zeros_like(flag), flag])
         dist.sum_(packet, self.world)  # (2,): summed loss, number of processes asked to stop
         if self.device.type != "cuda":

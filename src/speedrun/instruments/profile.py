@@ -12,6 +12,10 @@ From the recorded events:
 - the operators' self time grouped by layer type (convolution, batchnorm, pooling, activation, linear, optimizer,
   copies and layout changes, other), and the top operators;
 - peak memory (CUDA: the caching allocator's peak; CPU: the process's peak resident set);
+- what the loop asks of a device per step and per epoch, counted on the meta device as CUDA would be asked
+  (instruments/launch_count.py): kernels, copies to the device, reads back (host syncs) and data-dependent syncs,
+  each copy, read and sync with its line: the performance guide's "avoid unnecessary CPU-GPU synchronization",
+  for this recipe with these settings;
 - FLOPs (the family's flops(), torch.utils.flop_counter on the real shapes): a training step, the evaluation,
   the whole recipe's run; achieved FLOP/s of the profiled steps and MFU against this device's measured peak
   for the precision used (engine/peak.py, measured now if not cached), and the datasheet's where one is known.
@@ -41,8 +45,10 @@ from speedrun.config import check_int
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged
 from speedrun.engine.phases import PHASES, PREFIX
+from speedrun.data.dataset import Dataset
 from speedrun.engine.system import resolve_device, resolve_system, setup_system
 from speedrun.errors import print_line
+from speedrun.instruments import launch_count
 from speedrun.records import debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
@@ -192,9 +198,24 @@ def analyse(events, active: int) -> dict:
                               for name, (cpu, device, calls) in top]}
 
 
-def exact_epochs(steps: int, num_train: int, batch_size: int) -> float:
-    """The epochs that give the loaders' ceil(epochs x N / batch) exactly `steps` steps."""
-    return steps * batch_size / num_train
+def launches(family, cfg, data) -> dict:
+    """What the recipe's loop asks of a device per steady-state step and per epoch (instruments/launch_count.py:
+    its own loop on the meta device, as CUDA would be asked, whatever device is profiled): kernels, copies to the
+    device, reads back (host syncs) and data-dependent syncs, with where each copy, read and sync is made. Counted
+    for the families whose data lives in memory (Dataset); a streaming family's data path is not counted."""
+    if not isinstance(data, Dataset):
+        return {"counted": False, "why": "the loop's data path streams from workers: not counted on meta"}
+    try:
+        counts = launch_count.count_family(family, cfg, data.image_shape, data.num_classes)
+    except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:  # the profile stands without the count
+        return {"counted": False, "why": f"not counted: the loop did not run on the meta device "
+                                         f"({type(e).__name__}: {' '.join(str(e).split())[:160]})"}
+    return {"counted": True, "per_step": counts.step.totals(), "per_epoch": counts.epoch.totals(),
+            "steps_per_epoch": launch_count.STEPS_PER_EPOCH,
+            "where": sorted(set(counts.step.host_to_device + counts.step.device_to_host + counts.step.data_dependent
+                                + counts.epoch.host_to_device + counts.epoch.device_to_host
+                                + counts.epoch.data_dependent)),
+            "problems": launch_count.lean_problems(counts)}
 
 
 def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", data_dir=None, image_size=None,
@@ -220,12 +241,12 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
     try:
         data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
         total = wait + warmup + active
-        if exact_epochs(total, data.num_train, cfg.batch_size) > runner.MAX_EPOCHS:
+        if family.epochs_for_steps(cfg, data.num_train, total) > runner.MAX_EPOCHS:
             raise ValueError(f"--steps {active}: {total} steps of {cfg.batch_size} are more than "
                              f"{runner.MAX_EPOCHS:g} epochs of {data.num_train} examples; profile fewer steps")
         # The recipe's schedule compressed to `total` steps, as --epochs does (the family's with_epochs); an epochs
         # the user set is the whole run's, for the FLOPs of the recipe's run below.
-        short = runner.make_config(rec, exact_epochs(total, data.num_train, cfg.batch_size),
+        short = runner.make_config(rec, family.epochs_for_steps(cfg, data.num_train, total),
                                    {k: v for k, v in (overrides or {}).items() if k != "epochs"})
         short = dataclasses.replace(short, eval_each_epoch=False) if hasattr(short, "eval_each_epoch") else short
         for message in family.check(short, data, dev, dist.World()):
@@ -272,6 +293,7 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
             release_result_path(Path(trace_path))
         raise
     precision = resolve_system(short, dev).precision
+    counted = launches(family, cfg, data)
     step_flops = family.flops(short, data)
     whole = family.flops(cfg, data)
     achieved = step_flops.train_step / found["step_seconds"] if found["step_seconds"] > 0 else 0.0
@@ -286,4 +308,4 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
             "mfu_train": peak.mfu(achieved, peaks, precision, env["device_name"]),
             "mfu_evaluation": (None if evaluation_rate is None else
                                peak.mfu(evaluation_rate, peaks, precision, env["device_name"])),
-            "peaks": peaks, "trace": None if trace_path is None else str(trace_path)}
+            "peaks": peaks, "launches": counted, "trace": None if trace_path is None else str(trace_path)}

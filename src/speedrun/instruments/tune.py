@@ -40,8 +40,10 @@ GUIDE = {"precision": "mixed precision (autocast)", "channels_last": "channels_l
          "compile": "torch.compile", "cudnn_benchmark": "cuDNN autotuner", "cpu_threads": "intra-op threads (CPU)",
          "batch_size": "batch size", "optimizer_kernel": "foreach/fused optimizer", "eval_batch_size":
          "evaluation batch size", "workers": "DataLoader workers", "pin_memory": "pinned memory",
-         "prefetch_factor": "DataLoader prefetch"}
-CHANGES_NUMBERS = frozenset({"precision", "batch_size"})
+         "prefetch_factor": "DataLoader prefetch", "half_weights": "half weights (no autocast casts)",
+         "check_finite_every_steps": "fewer host syncs (finite-loss reads)",
+         "index_free_eval_pool": "pooling without indices (evaluation)", "muon_ns_compile": "compiled Newton-Schulz"}
+CHANGES_NUMBERS = frozenset({"precision", "batch_size", "half_weights"})
 
 
 def _precisions(device: torch.device) -> list[str]:
@@ -89,6 +91,16 @@ def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
             add({"optimizer_kernel": kernel})
     for factor in (0.5, 2):
         add({"eval_batch_size": max(1, int(cfg.eval_batch_size * factor))})
+    # The lean step's settings (the issue's "avoid unnecessary CPU-GPU synchronization" measured here)
+    if system.precision != "fp32" and device.type != "cpu":
+        add({"half_weights": "off" if system.half_weights else "on"})
+    if device.type != "cpu":  # a CPU reads every step at no cost
+        for every in sorted({1, 32} - {cfg.check_finite_every_steps}):
+            add({"check_finite_every_steps": every})
+    if "index_free_eval_pool" in fields and device.type != "cpu":  # a CPU's pooling skips indices already
+        add({"index_free_eval_pool": not cfg.index_free_eval_pool})
+    if "muon_ns_compile" in fields and getattr(cfg, "optimizer", "") == "muon":
+        add({"muon_ns_compile": not cfg.muon_ns_compile})
     if "workers" in fields:
         cores = os.cpu_count() or 1
         for workers in sorted({0, max(1, cores // 2), cores, 2 * cores} - {cfg.workers}):

@@ -2,7 +2,7 @@
 TRICKS: its config switch, its "off" value, what it is), and which of them are already off on the device that runs.
 
 "Already off" is judged on that device: `precision=auto` is fp32 on a CPU, so switching bf16 off there would train
-the baseline again under another name.
+the baseline again under another name; so is `half_weights=auto`, off wherever the run is not fp16 on CUDA.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ def effective(key: str, value, device, base):
     """What a switch's value means on `device` in `base`'s family: the shared "auto" settings resolved as the run
     resolves them (engine.resolve_system: precision=auto is bf16 on a CPU with native bf16 for a family that has
     measured it, else fp32 on a CPU; channels_last=auto is off on a CPU for a family that says so)."""
-    if key in ("precision", "channels_last"):
+    if key in ("precision", "channels_last", "half_weights"):
         system = resolve_system(dataclasses.replace(base, **{key: value}), device)
-        return system.dtype if key == "precision" else system.channels_last
+        return {"precision": system.dtype, "channels_last": system.channels_last,
+                "half_weights": system.half_weights}[key]
     return value
 
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from speedrun.tricks.identity_init import dirac_init_
+from speedrun.tricks.pooling import IndexFreeEvalPool
 
 
 class BatchNorm(nn.BatchNorm2d):
@@ -30,13 +31,13 @@ class BatchNorm(nn.BatchNorm2d):
 
 class ConvGroup(nn.Module):
     def __init__(self, c_in: int, c_out: int, convs: int, bn_momentum: float, bn_eps: float,
-                 bn_scale_frozen: bool, dirac: bool, act: type[nn.Module]):
+                 bn_scale_frozen: bool, dirac: bool, act: type[nn.Module], index_free_eval_pool: bool = False):
         super().__init__()
         assert convs in (2, 3), "a group has 2 convs, or 3 with a residual over the last two (airbench96)"
         self.convs = nn.ModuleList([nn.Conv2d(c_in if i == 0 else c_out, c_out, 3, padding="same", bias=False)
                                     for i in range(convs)])
         self.norms = nn.ModuleList([BatchNorm(c_out, bn_momentum, bn_eps, bn_scale_frozen) for _ in range(convs)])
-        self.pool = nn.MaxPool2d(2)
+        self.pool = IndexFreeEvalPool(2, index_free_eval_pool)
         self.act = act()
         if dirac:
             for conv in self.convs:
@@ -57,7 +58,7 @@ class CifarNet(nn.Module):
     def __init__(self, in_channels: int = 3, num_classes: int = 10, widths: tuple[int, ...] = (64, 256, 256),
                  convs_per_group: int = 2, whiten_kernel_px: int = 2, bn_momentum: float = 0.4,
                  bn_eps: float = 1e-12, bn_scale_frozen: bool = True, dirac: bool = True,
-                 logit_scale: float = 1 / 9, activation: str = "gelu"):
+                 logit_scale: float = 1 / 9, activation: str = "gelu", index_free_eval_pool: bool = False):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -69,7 +70,8 @@ class CifarNet(nn.Module):
         self.act = act()
         chans = (whiten_width, *widths)
         self.groups = nn.Sequential(*[ConvGroup(chans[i], chans[i + 1], convs_per_group, bn_momentum, bn_eps,
-                                                bn_scale_frozen, dirac, act) for i in range(len(widths))])
+                                                bn_scale_frozen, dirac, act, index_free_eval_pool)
+                                      for i in range(len(widths))])
         self.head = nn.Linear(widths[-1], num_classes, bias=False)
         self.logit_scale = logit_scale
 

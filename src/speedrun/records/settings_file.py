@@ -36,10 +36,12 @@ MAX_VALUE_CHARS = 200
 # every result that carries it (result_file.write_json, the database's json.dumps).
 MAX_MEASURED_DEPTH = 4
 # What a settings file may set: the keys instruments/tune.py measures (its GUIDE), and compile_mode, which it sets
-# beside compile. Each changes how fast a run goes; precision and batch_size may change the numbers too, and tune
-# recommends them only where the accuracy held (tests/test_redteam_models_settings.py keeps the two lists equal).
+# beside compile. Each changes how fast a run goes; precision, half_weights and batch_size may change the numbers too,
+# and tune recommends them only where the accuracy held (tests/test_redteam_models_settings.py keeps the two lists
+# equal).
 KEYS = frozenset({"precision", "channels_last", "compile", "compile_mode", "cudnn_benchmark", "cpu_threads",
-                  "batch_size", "optimizer_kernel", "eval_batch_size", "workers", "pin_memory", "prefetch_factor"})
+                  "batch_size", "optimizer_kernel", "eval_batch_size", "workers", "pin_memory", "prefetch_factor",
+                  "half_weights", "check_finite_every_steps", "index_free_eval_pool", "muon_ns_compile"})
 # What wrote a file ("written_by"; absent: tune, which wrote every file before sweeps did).
 WRITERS = ("tune", "sweep")
 

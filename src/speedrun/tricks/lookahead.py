@@ -36,6 +36,6 @@ class Lookahead:
     @torch.no_grad()
     def update(self, decay: float) -> None:
         # One multi-tensor launch each instead of two per tensor (airbench loops over the tensors): ~30
-        # tensors, every 5 steps, on a 484-step run where each kernel launch costs microseconds.
+        # tensors, every 5 steps, on a 476-step run where each kernel launch costs microseconds.
         torch._foreach_lerp_(self.slow, self.live, 1 - decay)
         torch._foreach_copy_(self.live, self.slow)

@@ -18,6 +18,8 @@ Two speed changes of Hiverge's 2025 record (hiverge/cifar10-speedrun, README "Ve
     matrices are zero-padded into one (P, m, n) tensor, so 3 iterations are 9 batched matmuls instead of 9 per
     filter bank. Zero padding leaves the polynomial's result on the original block unchanged (block-diagonal
     algebra), so only rounding differs from the per-bank loop.
+  compiled=True: both Newton-Schulz functions compiled by torch.compile (static shapes), which fuses the iteration's
+    scalings and additions around its matmuls; off calls them as written.
   renorm_every_steps=K: the filter banks are renormalized to sqrt(c_out) before every K-th step only (K = 1 is
     every step); in between their norm drifts up slowly, as each orthogonal update adds about lr^2 * c_out to the
     squared norm. Hiverge's interval adapts to training; here it is fixed.
@@ -71,10 +73,14 @@ class Muon(torch.optim.Optimizer):
     of param_groups, so checkpoints of either setting load into the other."""
 
     def __init__(self, params, lr: float, momentum: float, nesterov: bool = True, ns_steps: int = 3,
-                 batched: bool = False, renorm_every_steps: int = 1):
+                 batched: bool = False, renorm_every_steps: int = 1, compiled: bool = False):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps))
         self.batched = batched
         self.renorm_every_steps = renorm_every_steps
+        self.orthogonalize, self.orthogonalize_batched = newton_schulz, newton_schulz_batched
+        if compiled:
+            self.orthogonalize = torch.compile(newton_schulz, dynamic=False)
+            self.orthogonalize_batched = torch.compile(newton_schulz_batched, dynamic=False)
 
     def _renormalize(self, p: torch.Tensor) -> None:
         """Rescale p to norm sqrt(c_out) before every renorm_every_steps-th step, counting from the first."""
@@ -107,10 +113,10 @@ class Muon(torch.optim.Optimizer):
                     params.append(p)
                     directions.append(g.reshape(len(g), -1))
                     continue
-                update = newton_schulz(g.reshape(len(g), -1), group["ns_steps"], _ns_dtype(p)).view_as(g)
+                update = self.orthogonalize(g.reshape(len(g), -1), group["ns_steps"], _ns_dtype(p)).view_as(g)
                 p.add_(update, alpha=-group["lr"])
             if params:
-                updates = newton_schulz_batched(directions, group["ns_steps"], _ns_dtype(params[0]))
+                updates = self.orthogonalize_batched(directions, group["ns_steps"], _ns_dtype(params[0]))
                 for p, update in zip(params, updates):
                     p.add_(update.view_as(p), alpha=-group["lr"])
 

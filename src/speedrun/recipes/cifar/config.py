@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 
@@ -62,6 +62,9 @@ class CifarConfig(SystemConfig):
     CUDA_AUTO_PRECISION: ClassVar[str] = "fp16"
     HALF_WEIGHTS_AUTO_ON_CUDA: ClassVar[bool] = True
 
+    # every epoch's last partial batch was trained on before drop_last_batch existed
+    BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {**SystemConfig.BEFORE_IT_EXISTED, "drop_last_batch": False}
+
     target_accuracy: float = 0.94  # fraction; the share of runs reaching it is reported
     # Schedule
     batch_size: int = 1024
@@ -113,10 +116,12 @@ class CifarConfig(SystemConfig):
     muon_weight_decay_per_example: float = 2e-6  # times batch_size, per step
     muon_ns_batched: bool = False  # one Newton-Schulz chain over all filter banks, zero-padded (tricks/muon.py)
     muon_renorm_every_steps: int = 1  # filter banks renormalized before every K-th Muon step
+    muon_ns_compile: bool = False  # Newton-Schulz compiled by torch.compile (tricks/muon.py)
     # Brightness / contrast jitter of training images (tricks/color_jitter.py); 0 = off
     jitter_brightness: float = 0.0  # largest offset, in [0, 1] pixel units
     jitter_contrast: float = 0.0  # largest relative change of contrast: factor in [1 - c, 1 + c]
     # Evaluation
+    index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/pooling.py)
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
 

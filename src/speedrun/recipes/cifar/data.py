@@ -159,4 +159,9 @@ TRICKS: list[tuple[str, object, str]] = [
     ("channels_last", "off", "channels_last memory layout (speed)"),
     ("compile", False, "torch.compile (speed)"),
     ("precision", "fp32", "bf16 autocast (speed; on a CPU too where it has native bf16)"),
+    # The lean step (airbench's step count and half weights; tricks/pooling.py and Muon's compiled iteration)
+    ("drop_last_batch", False, "each epoch's last partial batch dropped (data/loader.py; 476 steps, not 484)"),
+    ("half_weights", "off", "weights and momentum in 16 bits, BatchNorm in fp32, no autocast (speed, CUDA)"),
+    ("index_free_eval_pool", False, "max pooling without indices in evaluation (tricks/pooling.py; speed)"),
+    ("muon_ns_compile", False, "Newton-Schulz compiled (tricks/muon.py; speed)"),
 ]

@@ -38,7 +38,8 @@ from speedrun.tricks.whitening import patch_whitening_init_
 
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
     return CifarNet(in_channels, num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px, cfg.bn_momentum,
-                    cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation)
+                    cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation,
+                    cfg.index_free_eval_pool)
 
 def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
     """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
@@ -78,7 +79,7 @@ def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Opti
                           momentum=cfg.momentum, nesterov=True, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
     muon = Muon(filters, lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                 ns_steps=cfg.muon_ns_steps, batched=cfg.muon_ns_batched,
-                renorm_every_steps=cfg.muon_renorm_every_steps)
+                renorm_every_steps=cfg.muon_renorm_every_steps, compiled=cfg.muon_ns_compile)
     for opt in (sgd, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 
@@ -69,6 +69,9 @@ MAX_MULT = 100.0
 class ResnetConfig(SystemConfig):
     """Settings of the cifar_resnet family; the device-side ones (precision, channels_last, compile,
     cudnn_benchmark, check_finite_loss, sync_bn) come from config.SystemConfig, shared by every family."""
+
+    # every epoch's last partial batch was trained on before drop_last_batch existed
+    BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {**SystemConfig.BEFORE_IT_EXISTED, "drop_last_batch": False}
 
     target_accuracy: float = 0.9302  # kuangliu/pytorch-cifar's ResNet18
     # Schedule
