@@ -3,8 +3,9 @@ result written under --out the moment it exists, none started that the time budg
 
     # here, once: airbench's sdist and cifar10-jpeg packed into one file, both git-ignored, carried to the device
     python benchmarks/gpu_session.py pack --data ../shared/datasets/cifar10-jpeg --out third_party/cifar10-jpeg.pack
-    # on the device (the `run` tool, carry ["third_party"], timeout_s a minute over the budget):
-    pip install -q -e . && python benchmarks/gpu_session.py run --budget-s 480 --out $OUT
+    # on the device (the `run` tool, carry ["third_party"], timeout_s a minute over the budget; nothing installed:
+    # the steps run this tree's src/ with PYTHONPATH, on the device image's torch):
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_session.py run --budget-s 480 --out $OUT
     # in CI and here, the same steps at tiny sizes on the CPU (no GPU, no airbench needed):
     python benchmarks/gpu_session.py run --dry-run-cpu --out /tmp/gpu-dry
 
@@ -42,6 +43,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # the device runs the tree as it is, nothing installed (its image has torch)
 AIRBENCH = ROOT / "third_party" / "airbench-0.1.8"
 PACK = ROOT / "third_party" / "cifar10-jpeg.pack"
 

@@ -122,7 +122,8 @@ class Counter(TorchDispatchMode):
         self._config = contextlib.ExitStack()
 
     def __enter__(self):
-        self._config.enter_context(fx_config.patch(meta_nonzero_assume_all_nonzero=True))
+        if hasattr(fx_config, "meta_nonzero_assume_all_nonzero"):  # torch >= 2.12; before it nonzero on meta raises
+            self._config.enter_context(fx_config.patch(meta_nonzero_assume_all_nonzero=True))
         # torch.optim picks its multi-tensor (foreach) kernels by device type; meta stands for CUDA, so it gets
         # what CUDA gets, rather than one kernel per parameter
         cuda_like = torch.utils._foreach_utils._get_foreach_kernels_supported_devices() + ["meta"]

@@ -121,7 +121,7 @@ class CifarConfig(SystemConfig):
     jitter_brightness: float = 0.0  # largest offset, in [0, 1] pixel units
     jitter_contrast: float = 0.0  # largest relative change of contrast: factor in [1 - c, 1 + c]
     # Evaluation
-    index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/pooling.py)
+    index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/)
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
 
