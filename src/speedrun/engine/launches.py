@@ -30,7 +30,6 @@ import traceback
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from unittest import mock
 
 import torch
@@ -70,11 +69,11 @@ class Work:
                     self.device_to_host + other.device_to_host, self.data_dependent + other.data_dependent)
 
 
-def _where(skip: tuple[Path, ...] = ()) -> str:
+def _where() -> str:
     """file:line of the innermost frame outside torch and this module (the loop's own line)."""
     for frame in reversed(traceback.extract_stack()):
         path = Path(frame.filename).resolve()
-        if path == HERE or path.is_relative_to(TORCH_DIR) or path in skip or frame.filename.startswith("<"):
+        if path == HERE or path.is_relative_to(TORCH_DIR) or frame.filename.startswith("<"):
             continue
         parts = path.parts
         short = "/".join(parts[parts.index("speedrun") + 1:]) if "speedrun" in parts else "/".join(parts[-2:])

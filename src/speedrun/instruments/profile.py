@@ -42,10 +42,10 @@ from torch.profiler import ProfilerActivity, schedule
 
 from speedrun import dist
 from speedrun.config import check_int
+from speedrun.data.dataset import Dataset
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged
 from speedrun.engine.phases import PHASES, PREFIX
-from speedrun.data.dataset import Dataset
 from speedrun.engine.system import resolve_device, resolve_system, setup_system
 from speedrun.errors import print_line
 from speedrun.instruments import launch_count

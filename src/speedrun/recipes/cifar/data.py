@@ -12,7 +12,9 @@ import torch
 from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset
-from speedrun.data.loader import channel_stats, epochs_for_steps as loader_epochs, steps_for
+from speedrun.data.loader import channel_stats
+from speedrun.data.loader import epochs_for_steps as loader_epochs
+from speedrun.data.loader import steps_for
 from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
 from speedrun.models.cifar_net import memory_lower_bound, output_side

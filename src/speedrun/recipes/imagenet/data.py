@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 
 from speedrun import dist
-from speedrun.data.loader import epochs_for_steps as loader_epochs, steps_for
+from speedrun.data.loader import epochs_for_steps as loader_epochs
+from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import (MANIFEST, SPLITS, SYNTHETIC_FORMAT, Shards, file_sha256, listed_splits, open_regular,
                                   prepare_command, read_classes, repair_advice, write_split)
