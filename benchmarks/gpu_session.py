@@ -54,7 +54,8 @@ MAGIC = b"SPEEDRUN-PACK\x00\x01\x00"
 MAX_HEADER_BYTES = 16 << 20
 MAX_FILES = 200_000
 MAX_FILE_BYTES = 16 << 20
-NAME = re.compile(r"(train|test)/[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}\.(jpg|jpeg|png)")
+# {train,test}/<class>/<image>: no part only dots ("." or ".." would climb or alias a folder)
+NAME = re.compile(r"(train|test)/(?!\.+/)[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}\.(jpg|jpeg|png)")
 
 
 def pack(data: Path, out: Path) -> int:
@@ -66,12 +67,15 @@ def pack(data: Path, out: Path) -> int:
         raise ValueError(f"{data}: expected only {{train,test}}/<class>/<image> files, found {bad[:3] or 'none'}")
     header = json.dumps({"format": "speedrun-pack", "version": 1, "files": entries}).encode()
     out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_suffix(".part")
-    with open(part, "xb") as f:
-        f.write(MAGIC + len(header).to_bytes(8, "little") + header)
-        for p in files:
-            f.write(p.read_bytes())
-    part.replace(out)
+    part = out.with_suffix(".part")  # ours: a failed earlier pack's part is written over
+    try:
+        with open(part, "wb") as f:
+            f.write(MAGIC + len(header).to_bytes(8, "little") + header)
+            for p in files:
+                f.write(p.read_bytes())
+        part.replace(out)
+    finally:
+        part.unlink(missing_ok=True)
     return len(entries)
 
 
@@ -83,7 +87,10 @@ def unpack(pack_file: Path, dest: Path) -> int:
         size = int.from_bytes(f.read(8), "little")
         if not 0 < size <= MAX_HEADER_BYTES:
             raise ValueError(f"{pack_file}: a header of {size} bytes (at most {MAX_HEADER_BYTES})")
-        header = json.loads(f.read(size))
+        try:
+            header = json.loads(f.read(size))
+        except RecursionError:  # a header nested thousands deep
+            raise ValueError(f"{pack_file}: a header nested too deep to be a pack's") from None
         if not isinstance(header, dict):
             header = {}
         files = header.get("files")
@@ -98,11 +105,19 @@ def unpack(pack_file: Path, dest: Path) -> int:
                 raise ValueError(f"{pack_file}: a bad entry {str(entry)[:80]}")
         if len({e[0] for e in files}) != len(files) or sum(e[1] for e in files) != body:
             raise ValueError(f"{pack_file}: duplicate names, or sizes that do not add up to the {body} bytes held")
-        dest.mkdir(parents=True, exist_ok=False)
-        for name, length in files:
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(f.read(length))
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists: unpack writes only into a new folder")
+        part = dest.with_name(dest.name + ".part")  # the folder appears whole or not at all
+        part.mkdir(parents=True)
+        try:
+            for name, length in files:
+                target = part / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(f.read(length))
+            part.rename(dest)
+        except BaseException:
+            shutil.rmtree(part, ignore_errors=True)
+            raise
     return len(files)
 
 
@@ -166,6 +181,7 @@ def sync_debug(device: str, dataset: str, epochs: float, extra: list[str]) -> di
         finally:
             if device == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
+                torch.cuda.empty_cache()  # the timed steps after it run in other processes: leave them the memory
     syncs = [str(w.message).splitlines()[0] for w in seen if "synchroniz" in str(w.message)]
     return {"synchronizing_calls": len(syncs), "first": syncs[:10]}
 

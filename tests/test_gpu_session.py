@@ -48,6 +48,8 @@ def _forged(tmp_path: Path, header: object, body: bytes = b"", magic: bytes = gs
     ({"format": "speedrun-pack", "version": 1, "files": [["train/../../etc/x.jpg", 1]]}, b"a", "bad entry"),
     ({"format": "speedrun-pack", "version": 1, "files": [["/abs/c/x.jpg", 1]]}, b"a", "bad entry"),
     ({"format": "speedrun-pack", "version": 1, "files": [["train/c/x.exe", 1]]}, b"a", "bad entry"),
+    ({"format": "speedrun-pack", "version": 1, "files": [["train/./x.jpg", 1]]}, b"a", "bad entry"),
+    ({"format": "speedrun-pack", "version": 1, "files": [["train/../x.jpg", 1]]}, b"a", "bad entry"),
     ({"format": "speedrun-pack", "version": 1, "files": [["train/c/x.jpg", 5]]}, b"a", "add up"),
     ({"format": "speedrun-pack", "version": 1, "files": [["train/c/x.jpg", 1], ["train/c/x.jpg", 1]]}, b"ab",
      "duplicate"),
@@ -61,6 +63,15 @@ def _forged(tmp_path: Path, header: object, body: bytes = b"", magic: bytes = gs
 def test_a_forged_pack_is_refused_before_anything_is_written(tmp_path, header, body, match):
     with pytest.raises(ValueError, match=match):
         gs.unpack(_forged(tmp_path, header, body), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_header_nested_thousands_deep_is_one_value_error(tmp_path):
+    path = tmp_path / "deep.pack"
+    raw = b"[" * 200_000 + b"]" * 200_000
+    path.write_bytes(gs.MAGIC + len(raw).to_bytes(8, "little") + raw)
+    with pytest.raises(ValueError):
+        gs.unpack(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

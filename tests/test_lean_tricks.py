@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import speedrun
 from speedrun.engine.loop import Diverged, FiniteLossGuard
 from speedrun.engine.system import resolve_system
 from speedrun.models import CifarNet
@@ -188,3 +189,69 @@ def test_a_compiled_run_compiles_one_graph_per_phase():
     assert run.steps == 8 and math.isfinite(run.accuracy)
     assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_half_weights_model_saves_in_fp32_and_loads(tmp_path):
+    result = speedrun.train("cifar10-94", "synthetic:train=64,test=16", device="cpu", save=tmp_path / "m",
+                            batch_size=16, widths=(8, 16, 16), whiten_images=32, tta_level=0,
+                            eval_each_epoch=False, precision="bf16", half_weights="on", epochs=1.0)
+    assert result.model.head.weight.dtype == torch.bfloat16
+    model = speedrun.load(tmp_path / "m")
+    assert all(t.dtype == torch.float32 for t in model.state_dict().values() if t.is_floating_point())
+    with torch.no_grad():
+        assert model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape == (2, 10)
+
+
+def test_a_resume_continues_with_the_half_weights_it_began_with(tmp_path):
+    from speedrun.run.resume import check_precision
+    meta = {"precision_used": "fp16", "half_weights_used": False, "device_type": "cuda"}
+    check_precision({"precision_used": "fp16", "config": {}}, meta, tmp_path / "c")  # made before: autocast
+    with pytest.raises(ValueError, match="half_weights=on"):
+        check_precision({"precision_used": "fp16", "half_weights_used": True, "config": {}}, meta, tmp_path / "c")
+    with pytest.raises(ValueError, match="half_weights=off"):
+        check_precision({"precision_used": "fp16", "half_weights_used": False, "config": {}},
+                        {**meta, "half_weights_used": True}, tmp_path / "c")
+
+
+def test_lookahead_over_mixed_dtypes_is_the_per_tensor_rule():
+    from speedrun.tricks.lookahead import Lookahead
+    net = to_half_weights(CifarNet(widths=(8, 16, 16)), torch.bfloat16)
+    la = Lookahead(net)
+    assert len(la._groups) == 2  # bf16 weights, fp32 BatchNorm
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    expected = [torch.lerp(s, v, 0.3) for s, v in zip(la.slow, la.live)]
+    la.update(0.7)
+    assert all(torch.equal(s, e) and torch.equal(v, e) for s, v, e in zip(la.slow, la.live, expected))
+
+
+def test_a_checkpoint_is_written_only_after_every_loss_is_checked():
+    from speedrun.engine.loop import LoopState, Steps, Timer
+    calls = []
+
+    class Due:
+        def due(self, step, total):
+            return True
+
+        def save(self, step, state):
+            calls.append("save")
+
+    timer = Timer(CPU)
+    timer.start()
+    steps = Steps(timer, 10, checkpoints=Due())
+
+    class State(LoopState):
+        def state_dict(self):
+            return {}
+
+    state = State(step=3)
+    steps.after(state, 0.3, False, batch_row=lambda s: {}, settle=lambda: calls.append("settle"))
+    assert calls == ["settle", "save"]
+
+    def diverged():
+        raise Diverged(3, 10, math.nan, 0.1, "lr")
+
+    with pytest.raises(Diverged):
+        steps.after(state, 0.3, False, batch_row=lambda s: {}, settle=diverged)
+    assert calls == ["settle", "save"]  # nothing saved

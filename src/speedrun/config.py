@@ -168,8 +168,8 @@ class SystemConfig:
     HALF_WEIGHTS_AUTO_ON_CUDA: ClassVar[bool] = False
     # For settings added with a default that changes what runs: the value that means what was done before the
     # setting existed (config.field_defaults), so that a checkpoint made before it resumes as it was made or is
-    # refused, never continued under the new default. (half_weights=auto needs none: it is on only at fp16 on CUDA,
-    # which precision=auto did not mean before it, and a checkpoint's resolved precision is checked on resume.)
+    # refused, never continued under the new default. (half_weights needs none: a checkpoint records whether it ran
+    # with half weights, and run/resume.py's check_precision holds a resume to it, a record's absence meaning off.)
     BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {}
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = \

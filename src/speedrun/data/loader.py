@@ -52,7 +52,9 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, dtype
     """uint8 (N, C, H, W) -> standardized `dtype` (N, C, H, W), optionally in channels_last memory order.
 
     mean, std: (C,) float32 on the images' device (a copy from the host here would synchronize a GPU each call)."""
-    assert mean.device == images.device and std.device == images.device, "normalization constants off the device"
+    if mean.device != images.device or std.device != images.device:
+        raise ValueError(f"images on {images.device} but the normalization constants on {mean.device}: move the "
+                         "images to the model's device first")
     x = ((images.float() / 255 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
@@ -156,7 +158,8 @@ class DeviceLoader:
         draws = torch.cat([perm.view(1, n), flips.view(1, n), dy.view(1, n), dx.view(1, n), corners])
         if self.device.type == "cuda":  # from pinned memory the copy does not wait for the device
             draws = draws.pin_memory()
-        draws = draws.to(self.device, non_blocking=True)
+        # non_blocking only from pinned memory on CUDA (MPS's non-blocking copy from pageable memory can read it freed)
+        draws = draws.to(self.device, non_blocking=self.device.type == "cuda")
         perm_d, flips_d, dy_d, dx_d, corners_d = draws[0], draws[1], draws[2], draws[3], draws[4:]
         x = self.standardized()[perm_d]  # (N, C, H, W), in this epoch's order
         x = augment.hflip(x, None if mask is None else flips_d.bool())
@@ -210,7 +213,7 @@ class DeviceLoader:
             s = self.share
             if s is None:
                 yield self._finish(bx, by, bc)
-            elif self.cutmix_px == 0:  # per-image work: only this process's share is standardized
+            elif self.cutmix_px == 0:  # per-image work (cutout): only this process's share gets it
                 yield self._finish(bx[s], by[s], bc[:, s])
             else:  # cutmix pairs each image with its neighbour in the global batch, across shares
                 inputs, targets = self._finish(bx, by, bc)

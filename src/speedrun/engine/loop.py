@@ -160,9 +160,10 @@ class FiniteLossGuard:
     On the CPU the check reads the loss at once (reading costs nothing there). On an accelerator a read drains the
     device's queue, so the guard reads every `every_steps` steps: it keeps each step's loss (a reference: no
     kernel), and at the K-th stacks the K losses (one kernel) and copies them to the host in one transfer. On CUDA
-    the copy goes to pinned memory behind an event and is read at the next K-th step, so the host never waits for
-    the device; elsewhere (MPS, the meta device of the counts) it is read at once. A divergence is reported at its
-    exact step, within 2K steps of it on CUDA. `finish()` checks what is left.
+    the copy goes to pinned memory behind an event and is read at the next K-th step, so the host waits only when the
+    device is more than K steps behind; elsewhere (MPS, the meta device of the counts) it is read at once. A
+    divergence is reported at its exact step, within 2K steps of it on CUDA. `finish()` checks what is left; the
+    loops call it before each checkpoint too (Steps.after's settle), so no checkpoint holds a diverged step.
 
     Under torchrun every process must stop at the same step (a process that leaves the loop early would leave the
     others waiting in the next all-reduce): the loss and the stop flag travel together in one 2-element sum across
@@ -321,9 +322,11 @@ class Steps:
 
     def after(self, state: LoopState, epoch: float, stopping: bool, *, batch_row: Callable[[float], dict],
               table_row: Callable[[float], dict] | None = None, loss: torch.Tensor | None = None,
-              loss_scale: float = 1.0, lr: float | None = None) -> None:
+              loss_scale: float = 1.0, lr: float | None = None, settle: Callable[[], None] | None = None) -> None:
         """After step `state.step` (already counted), at `epoch` epochs of data; stopping: a signal arrived.
-        loss, loss_scale, lr: the step's, for on_scalars."""
+        loss, loss_scale, lr: the step's, for on_scalars. settle: the finite-loss guard's check of every loss not
+        yet read (FiniteLossGuard.finish), called before a checkpoint is written: a diverged step's weights are
+        never saved (it raises Diverged)."""
         if self.on_scalars is not None and loss is not None:
             self.on_scalars(state.step, loss.detach(), loss_scale, lr)
         if self.on_step is not None:
@@ -340,6 +343,8 @@ class Steps:
             if self.on_epoch is not None:
                 self.on_epoch(row)
         if saving:
+            if settle is not None:
+                settle()
             state.seconds = self.timer.seconds
             if state.step == self.total_steps:  # a run resumed from here takes only its final evaluation
                 state.last_batch = batch_row(0.0)

@@ -149,7 +149,7 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
     for name, _ in variants:
         cfg = configs[name]
         start = family.run_steps(cfg, n_train)
-        floor, ceiling = bounds(start, int(runner.MAX_EPOCHS * n_train // cfg.batch_size))
+        floor, ceiling = bounds(start, family.run_steps(family.with_epochs(cfg, runner.MAX_EPOCHS), n_train))
         plan = probe_plan(start, floor, ceiling, max_probes)
         state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}
     warmups = {}

@@ -66,8 +66,8 @@ def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
             out.append((",".join(f"{k}={v}" for k, v in changes.items()), changes))
 
     for p in _precisions(device):
-        if p != system.precision:
-            add({"precision": p})
+        if p != system.precision:  # fp32 with half_weights=on would be refused: half weights go back to auto
+            add({"precision": p, **({"half_weights": "auto"} if p == "fp32" and cfg.half_weights == "on" else {})})
     add({"channels_last": "off" if system.channels_last else "on"})
     if cfg.compile:
         add({"compile": False})

@@ -19,7 +19,10 @@ def effective(key: str, value, device, base):
     resolves them (engine.resolve_system: precision=auto is bf16 on a CPU with native bf16 for a family that has
     measured it, else fp32 on a CPU; channels_last=auto is off on a CPU for a family that says so)."""
     if key in ("precision", "channels_last", "half_weights"):
-        system = resolve_system(dataclasses.replace(base, **{key: value}), device)
+        changes = {key: value}
+        if key == "precision" and value == "fp32" and base.half_weights == "on":  # fp32 has no half weights
+            changes["half_weights"] = "auto"
+        system = resolve_system(dataclasses.replace(base, **changes), device)
         return {"precision": system.dtype, "channels_last": system.channels_last,
                 "half_weights": system.half_weights}[key]
     return value

@@ -178,8 +178,10 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     """Write PATH.safetensors and PATH.json (card: see model_files.py), neither replacing a file; returns
     "PATH.safetensors + PATH.json". The runner calls it on rank 0 with the bare or wrapped network."""
     weights, card_path = model_paths(check_save_path(path))
-    # A fresh contiguous CPU copy of each tensor: channels_last or shared storage would not save as they are.
-    tensors = {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+    # A fresh contiguous CPU copy of each tensor: channels_last or shared storage would not save as they are. In
+    # fp32: a network trained with half weights (fp16) is saved as the card's network is built and evaluated.
+    tensors = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True,
+                                memory_format=torch.contiguous_format)
                for k, v in unwrap(model).state_dict().items()}
     full = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "speedrun_version": __version__}  # at the top of the file
     full.update((k, v) for k, v in card.items() if k not in full)

@@ -47,6 +47,12 @@ def check_precision(saved: dict, meta: dict, path: Path, afresh: str = AFRESH) -
         raise ValueError(f"checkpoint {path.name} ran in {used[:10]} (precision={str(asked)[:10]}); this run would "
                          f"run in {meta.get('precision_used')}: add --set precision={used[:10]} to continue it as it "
                          f"began, or {afresh}")
+    # half weights or autocast at that precision (a checkpoint made before half weights existed: autocast)
+    half = saved.get("half_weights_used", False)
+    if "half_weights_used" in meta and half is not meta["half_weights_used"]:
+        want = "on" if half is True else "off"
+        raise ValueError(f"checkpoint {path.name} ran with half_weights {want}; this run would not: add --set "
+                         f"half_weights={want} to continue it as it began, or {afresh}")
 
 
 @dataclass
@@ -137,10 +143,10 @@ class Plan:
         state, saved, path = found
         afresh = self.afresh()
         check_precision(saved, meta, path, afresh)
-        # The dataset as typed may differ (a relative path, say): its content is in meta["data"]. The precision
-        # asked for may differ where it resolves to the one the checkpoint ran at (check_precision).
-        check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type"},
-                         afresh, defaults)
+        # The dataset as typed may differ (a relative path, say): its content is in meta["data"]. The precision and
+        # half_weights asked for may differ where they resolve to what the checkpoint ran at (check_precision).
+        check_compatible(saved, meta, path, may_differ | {"dataset", "precision", "precision_used", "device_type",
+                                                          "half_weights", "half_weights_used"}, afresh, defaults)
         # A file named by --resume is the user's, not ours to suggest deleting; one found by auto is passed over
         # for the one before it once deleted.
         fix = afresh if self.resume != "auto" else f"delete it to resume from the one before, or {afresh}"

@@ -267,7 +267,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
                 "data": family.data_signature(data), "seed": seed,
                 # what precision=auto resolved to here: a resumed run must continue at the precision it began with
-                "device_type": dev.type, "precision_used": system.precision}
+                "device_type": dev.type, "precision_used": system.precision,
+                "half_weights_used": system.half_weights}
             with _naming_settings(settings_used, applied):
                 first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs,
                                                               field_defaults(cfg))

@@ -240,7 +240,8 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                 return {**batch_row(seconds), "val_acc": scored(0) if cfg.eval_each_epoch else None}
 
             steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row, loss=loss,
-                        loss_scale=1 / len(targets), lr=base_lr * mult)  # loss: summed over this share
+                        loss_scale=1 / len(targets), lr=base_lr * mult,  # loss: summed over this share
+                        settle=guard.finish)
             if stopping:  # a signal (on any process): the state is whole, and saved when a folder was given
                 raise stop.interrupt()
         guard.finish()

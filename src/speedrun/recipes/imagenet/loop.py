@@ -218,7 +218,7 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
 
             # loss: this share's sum over the global batch, so x batch / share is the mean over the share
             steps.after(state, epoch, stopping, batch_row=batch_row, table_row=table_row, loss=loss,
-                        loss_scale=cfg.batch_size / len(targets), lr=cfg.lr_per_256 * mult)
+                        loss_scale=cfg.batch_size / len(targets), lr=cfg.lr_per_256 * mult, settle=guard.finish)
             if stopping:
                 raise stop.interrupt()
         guard.finish()
