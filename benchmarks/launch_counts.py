@@ -102,7 +102,7 @@ def work_dict(w: Work) -> dict:
 
 def counts_dict(c: lc.StepCounts) -> dict:
     return {"step": work_dict(c.step), "learning_step": work_dict(c.learning_step), "epoch": work_dict(c.epoch),
-            "steps_per_epoch": lc.STEPS_PER_EPOCH}
+            "final": work_dict(c.final), "steps_per_epoch": lc.STEPS_PER_EPOCH}
 
 
 def markdown(report: dict) -> str:

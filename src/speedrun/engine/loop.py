@@ -251,14 +251,11 @@ class FiniteLossGuard:
         return loss, flag
 
     def finish(self) -> None:
+        if self._kept:  # on CUDA this reads the group in flight first
+            self._send()
         if self._in_flight is not None:
             sent, self._in_flight = self._in_flight, None
             self._read(sent)
-        if self._kept:
-            self._send()
-            if self._in_flight is not None:
-                sent, self._in_flight = self._in_flight, None
-                self._read(sent)
         if self._pending is not None:
             step, lr, slot, event = self._pending
             self._pending = None

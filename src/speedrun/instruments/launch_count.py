@@ -34,20 +34,14 @@ BATCH = 16
 class StepCounts:
     """The counts of one loop: `step` a steady-state step (the whitening bias frozen, as for most of a recipe's
     steps), `learning_step` one while it learns, `epoch` the whole of epoch FREEZE_EPOCH (bias frozen, no set-up in
-    it), and every step's Work for diagnosis."""
+    it), every step's Work for diagnosis (the first holds the set-up), and `final`, after the last step: the final
+    averaging and the TTA evaluation."""
 
     step: Work
     learning_step: Work
     epoch: Work
     steps: list[Work]
-    setup: Work  # before and including the first step
-    final: Work  # after the last step: final averaging and the TTA evaluation
-
-    def row(self) -> dict[str, int]:
-        """Flat numbers for a table: per step and per epoch."""
-        out = {f"step_{k}": v for k, v in self.step.totals().items()}
-        out.update({f"epoch_{k}": v for k, v in self.epoch.totals().items()})
-        return out
+    final: Work
 
 
 def extras(lookahead_every: int) -> set[int]:
@@ -74,7 +68,7 @@ def split(stretches: list[Work], extra: set[int]) -> StepCounts:
         epoch = epoch + w
     return StepCounts(step=steady([w for i, w in enumerate(steps) if i not in extra and i >= frozen_from]),
                       learning_step=steady([w for i, w in enumerate(steps) if i not in extra and i < frozen_from]
-                                           or plain), epoch=epoch, steps=steps, setup=steps[0], final=final)
+                                           or plain), epoch=epoch, steps=steps, final=final)
 
 
 def count_family(family: Any, cfg: Any, image_shape: tuple[int, int, int] = (3, 32, 32),
