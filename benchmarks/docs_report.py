@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print("docs_report: no screenshot (no chromium; apt install chromium)" if not code else "", file=sys.stderr)
         return code or 2
     seen = screenshot(REPO / "docs" / "report.html", REPO / "docs" / "report.png", args.chromium)
-    print(f"docs/report.png: {len(seen['charts'])} chart(s), {seen['leaderboard_rows']} leaderboard row(s)")
+    print(f"docs/report.png: {len(seen['charts'])} charts, {seen['leaderboard_rows']} leaderboard rows")
     return 0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from speedrun.engine.system import resolve_device, synchronize
+from speedrun.errors import counted
 from speedrun.records.environment import device_label, environment
 from speedrun.records.result_file import write_json
 from speedrun.records.stats import FRACTION, ratio_ci95, summarize
@@ -68,7 +69,8 @@ def markdown(report: dict) -> str:
     """BENCHMARKS.md's table of one report (benchmarks/table.py renders it between the selective_tta markers)."""
     env = report["environment"]
     lines = [f"{env['timestamp_utc'][:10]}, {device_label(env)}, {report['models']} models (TTA level "
-             f"{report['tta_level']}), {report.get('precision', 'fp32')}, {report['repeats']} timed repeat(s) each, "
+             f"{report['tta_level']}), {report.get('precision', 'fp32')}, "
+             f"{counted(report['repeats'], 'timed repeat')} each, "
              f"interleaved: `{report['command']}`", "",
              "| setting | test acc % (mean over models) | − full TTA, points (95% CI, paired) | "
              "eval s (mean ± std) | "

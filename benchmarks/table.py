@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from speedrun.report.markdown import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
+from speedrun.errors import counted
 from speedrun.records.environment import device_label
 from speedrun.records.result_file import load_result
 from speedrun.records.stats import mean_std_text
@@ -44,7 +45,7 @@ def row(result: dict) -> str:
     diverged = result.get("diverged_runs", 0)
     if acc is None:  # every run diverged: there is nothing to average
         return (f"| {env['timestamp_utc'][:10]} | {env['device_type']}: {device_label(env)} | `{command}` | 0 "
-                f"| all {diverged} run(s) diverged | n/a | n/a | n/a |")
+                f"| all {counted(diverged, 'run')} diverged | n/a | n/a | n/a |")
     interval = (f"{100 * acc['ci95_low']:.2f} .. {100 * acc['ci95_high']:.2f}" if acc["n"] > 1
                 else "n/a (n = 1)")  # one run has no interval
     return (f"| {env['timestamp_utc'][:10]} | {env['device_type']}: {device_label(env)} | `{command}` | {acc['n']} "

@@ -75,6 +75,7 @@ from speedrun.config import parse_set_args
 from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
 from speedrun.engine.system import resolve_system
+from speedrun.errors import counted
 from speedrun.records.environment import device_label, environment
 from speedrun.records.result_file import default_result_path, write_json
 from speedrun.records.stats import mean_std_text
@@ -288,7 +289,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {date} | {device_label(env)} | `{cmd}` | {label} | {acc['n']} | "
                      f"{mean_std_text(acc, 100)} | {mean_std_text(sec, 1, 3)} |")
     if not report["complete"]:
-        lines.append(f"\nIncomplete: stopped before all {report['runs_planned']} planned run(s) of each finished.")
+        lines.append(f"\nIncomplete: stopped before all {counted(report['runs_planned'], 'planned run')} of each "
+                     "finished.")
     c = report["comparison"]
     if c is not None:
         r, d = c["time_ratio_ours_over_airbench"], c["accuracy_diff_ours_minus_airbench"]
@@ -378,7 +380,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
                 with contextlib.chdir(work), ab_context():
                     ab_meta["warmup_accuracy"], ab_meta["warmup_timed_seconds"] = airbench_run(train94, seed=0)
                 ab_meta["warmup_seconds"] = time.perf_counter() - start
-        log(f"warm-up {'done (untimed)' if warm_up else 'skipped (CPU)'}; {args.runs} interleaved run(s) of each; "
+        log(f"warm-up {'done (untimed)' if warm_up else 'skipped (CPU)'}; {counted(args.runs, 'interleaved run')} "
+            "of each; "
             f"timed region: {TIMED_REGION}")
         for i in range(args.runs):
             msg = f"run {i + 1}/{args.runs}"

@@ -1,5 +1,6 @@
 import dataclasses
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,27 @@ def make_tiny(n_train=256, n_test=64, shape=(3, 32, 32), classes=10, seed=0) -> 
 
     (xtr, ytr), (xte, yte) = split(n_train), split(n_test)
     return Dataset("tiny", xtr, ytr, xte, yte, [f"c{i}" for i in range(classes)])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The test order's seed, even under -q (which hides pytest-randomly's header line): a failure that depends on
+    what ran before it is repeated with the same order."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"test order: random, repeat it with --randomly-seed={seed}")
+
+
+@pytest.fixture(autouse=True)
+def _machine_peak_cache_unread(tmp_path_factory, monkeypatch):
+    """A test that names no data folder of its own (SPEEDRUN_DATA) reads no measured-peak cache of the machine's
+    (~/.cache/speedrun/peak.json): a peak measured there under load, below what a test's run achieves, would give
+    that run a warning (an MFU over 100%, not reported) that depends on the machine. In-process commands only."""
+    from speedrun.engine import peak
+    from speedrun.paths import data_root
+
+    own = tmp_path_factory.mktemp("peak") / "peak.json"
+    monkeypatch.setattr(peak, "cache_path", lambda: data_root() / "peak.json" if os.environ.get("SPEEDRUN_DATA")
+                        else own)
 
 
 @pytest.fixture

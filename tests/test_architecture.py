@@ -20,11 +20,13 @@ sys.path.insert(0, str(ROOT / "tools"))
 import architecture  # noqa: E402  (tools/architecture.py: the measurements docs/architecture.md shows)
 
 # Imports that stay inside functions, each for a reason: heavy or optional packages imported only when used
-# (matplotlib for the report's charts, torchcodec for nvJPEG), a POSIX-only module (fcntl: Windows has none), the
-# public API's lazy names (`import speedrun` imports no torch), and the program's lazy commands (`speedrun --help`,
-# `speedrun recipes` and the file commands import no torch).
+# (matplotlib for the report's charts, torchcodec for nvJPEG, scipy.stats for the t-distribution, half a second that
+# a single run never needs), a POSIX-only module (fcntl: Windows has none), the public API's lazy names (`import
+# speedrun` imports no torch), and the program's lazy commands (`speedrun --help`, `speedrun recipes` and the file
+# commands import no torch).
 # top-level packages, or modules by their full name (torch.utils.tensorboard imports the tensorboard package)
-LAZY_OK = {"matplotlib", "torchcodec", "fcntl", "optuna", "sqlalchemy", "tensorboard", "torch.utils.tensorboard"}
+LAZY_OK = {"matplotlib", "torchcodec", "fcntl", "optuna", "sqlalchemy", "tensorboard", "torch.utils.tensorboard",
+           "scipy"}
 LAZY_MODULES = {"speedrun/__init__.py", "speedrun/cli/program.py"}
 
 

@@ -60,7 +60,7 @@ def test_both_pipelines_one_row_each_interleaved_counted_and_the_json_reads_back
     rows = [line.split() for line in captured.out.splitlines() if line.startswith(("ours ", "baseline "))]
     assert [(p, int(w), int(r)) for p, w, r, *_ in rows] == settings
     # The log says the measurements ran round by round, every setting once per round.
-    logged = [re.match(r"round (\d)/2: (\w+), (\d) worker\(s\), (\d+) px: ", line).groups()
+    logged = [re.match(r"round (\d)/2: (\w+), (\d) workers?, (\d+) px: ", line).groups()
               for line in captured.err.splitlines() if line.startswith("round ")]
     assert [(int(k), p, int(w), int(r)) for k, p, w, r in logged] == [(k, *s) for k in (1, 2) for s in settings]
     report = load_result(out)

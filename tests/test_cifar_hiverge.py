@@ -21,7 +21,7 @@ from speedrun.recipes.cifar import loop as cifar_loop
 from speedrun.run.runner import make_config
 from speedrun.tricks import color_jitter, whitening
 from speedrun.tricks.muon import Muon, newton_schulz, newton_schulz_batched
-from speedrun.tricks.tta import least_confident, selected_count, selective_tta_logits, tta_logits
+from speedrun.tricks.tta import least_confident, passes, selected_count, selective_tta_logits, tta_logits
 
 from conftest import make_tiny
 
@@ -378,6 +378,23 @@ def test_evaluate_with_tta_select_scores_the_whole_set_at_any_batch_size():
     assert scores[8] == int((by_hand == data.test_labels).sum()) / 50
 
 
+@pytest.mark.parametrize("level,fraction", [(0, 1.0), (1, 1.0), (2, 1.0), (2, 0.25), (1, 0.5), (0, 0.25)])
+def test_the_passes_each_batch_reports_sum_to_passes_as_evaluate_and_the_whole_set_count_them(level, fraction):
+    """What progress and its estimate count (tricks/tta.py's passes): every forward pass of one image, each batch's
+    share reported as it ends, by selective_tta_logits and by evaluate alike."""
+    net, data = eval_net(5), make_data(n_test=20)
+    x = normalize(data.test_images, torch.zeros(3), torch.ones(3), torch.float32, False)
+    counted, seen = [], []
+    with torch.no_grad():
+        selective_tta_logits(net, lambda idx: x[idx], 20, level, fraction, 7, counted.append)
+    evaluate(net, data.test_images, data.test_labels, mean=torch.zeros(3), std=torch.ones(3), dtype=torch.float32,
+             channels_last=False, tta_level=level, batch_size=7, tta_select=fraction, on_batch=seen.append)
+    views = {0: 1, 1: 2, 2: 6}[level]
+    expected = 20 * views if fraction >= 1 or level == 0 else 20 + selected_count(20, fraction) * (views - 1)
+    assert sum(counted) == sum(seen) == passes(20, level, fraction) == expected
+    assert len(counted) == (3 if fraction >= 1 or level == 0 else 3 + math.ceil(selected_count(20, fraction) / 7))
+
+
 def test_tta_select_off_scores_as_full_tta(monkeypatch):
     data = make_data()
     cfg = small_cfg(tta_level=2)
@@ -397,8 +414,8 @@ def test_selective_tta_is_described_in_the_timed_region_and_its_views_counted():
     assert "least confident" not in cifar.timed_region(small_cfg(tta_level=2))
     assert "least confident" not in cifar.timed_region(small_cfg(tta_level=2, tta_select=1.0))
     data = make_data(n_test=10_000)  # scoring then outweighs training: the note names the views
-    assert "x 2.25 TTA view(s)" in " ".join(cifar.notes(cfg, data))
-    assert "x 6 TTA view(s)" in " ".join(cifar.notes(small_cfg(tta_level=2), data))
+    assert "x 2.25 TTA views" in " ".join(cifar.notes(cfg, data))
+    assert "x 6 TTA views" in " ".join(cifar.notes(small_cfg(tta_level=2), data))
 
 
 def test_selective_tta_flops_count_the_plain_pass_and_the_selected_shares_other_views():

@@ -109,7 +109,7 @@ def test_interrupt_keeps_the_finished_runs(tmp_path, monkeypatch, capsys):
     assert result["interrupted"] is True and len(result["runs"]) == 1 and result["runs"][0]["seed"] == 0
     # The last line says what was kept, and where.
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last.startswith(f"speedrun: interrupted; 1 finished run(s) kept in {out} and in the results database ")
+    assert last.startswith(f"speedrun: interrupted; 1 finished run kept in {out} and in the results database ")
 
 
 def test_default_result_file_is_made_only_for_a_result(tmp_path, monkeypatch, capsys):

@@ -447,3 +447,38 @@ def test_unknown_spec_lists_names_and_asks_for_a_real_path(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no dataset"):
         load_dataset(str(tmp_path / "empty"), cache_dir=tmp_path)
+
+
+def test_a_sample_of_an_image_folder_decodes_its_images_alone_and_caches_nothing(tmp_path, cache, monkeypatch):
+    """A smoke test's sample (load_dataset(sample=...)): only the sampled files are decoded, no cache is read or
+    written (a later whole load decodes every image and caches them), and the sample holds exactly the images, in
+    the order, that Dataset.sample takes from the whole dataset."""
+    _image_folder(tmp_path / "pics", np.random.default_rng(11), per_class=(("cat", 9, 5), ("ant", 8, 6)))
+    decoded, decode = [], folder.decode
+
+    def counted(paths, *args, **kwargs):
+        decoded.append(len(paths))
+        return decode(paths, *args, **kwargs)
+    monkeypatch.setattr(folder, "decode", counted)
+    lines = []
+    part = load_dataset(str(tmp_path / "pics"), cache_dir=cache, sample=(4, 3), log=lines.append)
+    assert decoded == [7] and lines == [f"decoding 7 of 28 images from {tmp_path / 'pics'} (a sample; not cached)"]
+    assert not (cache / "cache").exists() or not any((cache / "cache").iterdir())
+    assert part.sampled_from == (17, 11) and "a fixed sample of its 17 train / 11 test images" in part.describe()
+    whole = load_dataset(str(tmp_path / "pics"), cache_dir=cache)
+    assert decoded == [7, 28] and len(whole.train_labels) == 17 and whole.sampled_from is None
+    assert len(list((cache / "cache").iterdir())) == 1  # the whole folder, cached as usual
+    again = whole.sample(4, 3)
+    for key in ("train_images", "train_labels", "test_images", "test_labels"):
+        assert torch.equal(getattr(part, key), getattr(again, key)), key
+    assert part.describe() == again.describe()
+    cached = load_dataset(str(tmp_path / "pics"), cache_dir=cache, sample=(4, 3))  # the cache is there: not read
+    assert decoded == [7, 28, 7] and torch.equal(cached.train_images, part.train_images)
+    assert whole.sample(100, 100) is whole  # nothing to leave out
+
+
+def test_a_named_dataset_is_sampled_after_it_is_read(cache):
+    whole = load_dataset("synthetic:train=64,test=32", cache_dir=cache)
+    part = load_dataset("synthetic:train=64,test=32", cache_dir=cache, sample=(16, 8))
+    assert (len(part.train_labels), len(part.test_labels), part.sampled_from) == (16, 8, (64, 32))
+    assert torch.equal(part.test_images, whole.sample(16, 8).test_images)

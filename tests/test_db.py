@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.cli import file_commands
+from speedrun.errors import counted
 from speedrun.records import db as db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,10 +149,17 @@ def test_import_of_every_stored_result_round_trips_and_is_idempotent(tmp_path, c
     kinds = {json.loads(f.read_text())["benchmark"] for f in reports}
     assert {"vs_airbench", "ab_commits", "step_time", "ablate", "waterfall"} <= kinds
     assert {r["kind"] for r in db.query_reports(conn)} == kinds
-    assert len(db.query_reports(conn)) == len(reports) and len(db.query(conn)) == len(files) - len(reports)
+    # a report's training results (its settings', as its command stored them) are rows too, each stored once
+    rows = {json.dumps(r, sort_keys=True) for f in files for r in
+            (json.loads(f.read_text()).get("results", []) if f in reports else [json.loads(f.read_text())])}
+    assert len(db.query_reports(conn)) == len(reports) and len(db.query(conn)) == len(rows)
+    assert [e.results for e in done] == [len(json.loads(f.read_text()).get("results", [])) if f in reports else 0
+                                         for f in files]
     args = argparse.Namespace(files=[str(f) for f in files[:2]], db=str(tmp_path / "r.db"))
     assert file_commands.import_command(args) == 0
-    assert capsys.readouterr().out.splitlines() == [f"{f} already stored as #{e.id}" for f, e in zip(files[:2], done)]
+    carried = [f", with the {counted(e.results, 'training result')} it carries" if e.results else "" for e in done[:2]]
+    assert capsys.readouterr().out.splitlines() == [f"{f} already stored as #{e.id}{c}"
+                                                    for f, e, c in zip(files[:2], done, carried)]
 
 
 def test_query_filters_and_the_results_command(tmp_path, capsys):
@@ -285,3 +293,59 @@ def test_red_team_findings(tmp_path, capsys):
     assert [d.id for d in done] == [None] * 4
     assert "regular file" in done[0].error and "out of range" in done[1].error and "timed_usd" in done[2].error
     assert db.query(conn)[0]["id"] == 1  # listing still works
+
+
+@pytest.mark.parametrize("kind", ["missing", "fifo", "device", "folder", "not json"])
+def test_import_reads_its_files_before_it_makes_the_database(kind, tmp_path, capsys):
+    """A file that cannot be imported makes no database (nor its folder): every file is read and checked before
+    the database is opened, and only a file that passes opens it."""
+    from speedrun.cli.program import main
+
+    given = {"missing": tmp_path / "MISSING.json", "fifo": tmp_path / "fifo", "device": Path("/dev/zero"),
+             "folder": tmp_path, "not json": tmp_path / "junk.json"}[kind]
+    if kind == "fifo":
+        os.mkfifo(given)
+    if kind == "not json":
+        given.write_text("not json\n")
+    assert main(["results", "import", str(given), "--db", str(tmp_path / "new" / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"speedrun: error: {given}: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(make_result(1)))
+    assert main(["results", "import", str(given), str(good), "--db", str(tmp_path / "new" / "x.db")]) == 2
+    assert capsys.readouterr().out == f"imported {good} as #1\n"
+
+
+def _sweep_report(**trial) -> dict:
+    """A sweep report (instruments/sweep.py) of one complete trial, its fields replaced by `trial`."""
+    row = {"number": 0, "state": "complete", "value": 0.5, "mean": 0.5, "ci95": [0.4, 0.6], "n": 2, "p": 0.2,
+           "params": {"lr_per_1024": 8.0}, **trial}
+    return {"benchmark": "sweep", "recipe": "cifar10-94", "dataset": "cifar10", "objective": "accuracy",
+            "study": "s", "storage": "sqlite:///s.db", "trials": [row], "best": row, "results": [],
+            "environment": {"timestamp_utc": "2026-11-01T12:00:00+00:00"}, "command": "speedrun sweep"}
+
+
+@pytest.mark.parametrize("field, report", [
+    ("trials[0].mean", _sweep_report(mean=1e308)),
+    ("trials[0].value", _sweep_report(value=1e308)),
+    ("trials[0].ci95", _sweep_report(ci95=[-1e308, 1e308])),
+    ("trials[0].p", _sweep_report(p=7)),
+    ("results", {**_sweep_report(), "results": {"a": 1}}),
+    ("trials", {**_sweep_report(), "trials": {"0": {}}}),
+    ("best", {**_sweep_report(), "best": [1]}),
+])
+def test_a_sweep_report_of_impossible_trials_is_refused_on_import(field, report, tmp_path, capsys):
+    """The report's study section draws what a stored sweep report's trials say: one whose numbers no sweep can
+    give (a mean of 1e308, drawn as "inf%"; an interval past the mean's range) or whose trials, best or carried
+    results are of another shape is refused in one line naming the file and the field, and nothing is stored."""
+    from speedrun.cli.program import main
+
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(report))
+    assert main(["results", "import", str(path), "--db", str(tmp_path / "r.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"speedrun: error: {path}: ") and f"'{field}'" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "r.db").exists()
+    path.write_text(json.dumps(_sweep_report()))  # the same report with possible values is taken
+    assert main(["results", "import", str(path), "--db", str(tmp_path / "r.db")]) == 0

@@ -161,7 +161,7 @@ def test_sigint_checkpoints_and_resume_auto_finishes_bitwise_equal(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith(f"speedrun: interrupted; 1 finished run(s) kept in b.json")
+    assert err.strip().splitlines()[-1].startswith("speedrun: interrupted; 1 finished run kept in b.json")
     partial = json.loads((tmp_path / "b.json").read_text())
     assert partial["interrupted"] is True and [r["seed"] for r in partial["runs"]] == [0]
     assert not (tmp_path / "model_b.safetensors").exists()  # no model from an unfinished command

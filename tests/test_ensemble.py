@@ -253,3 +253,63 @@ def test_predict_streams_a_batch_at_a_time(saved, pictures, monkeypatch):
     first, _ = next(predictions)
     assert first == pictures[0] and decoded == pictures[:1]  # the others not yet read
     assert [f for f, _ in predictions] == pictures[1:] and decoded == pictures
+
+
+def test_eval_shows_its_progress_and_the_time_left_on_stderr_unless_quiet(saved, capsys):
+    """Not a terminal (capsys): a line at every tenth of the work, each model's warm-up and pass in images, an
+    estimate of the time left until the last; --quiet: the table alone."""
+    stems, _ = saved
+    code, out, err = run_cli(["eval", "--ensemble", *map(str, stems[:2]), "--dataset", DATA, "--device", "cpu"],
+                             capsys)
+    assert code == 0, err
+    progress = [line for line in err.splitlines() if line.startswith("eval: ")]
+    # 64 images in one batch, TTA level 2: a warm-up and a pass per model, a quarter of the work each
+    stages = [f"model 1/2 ({stems[0]}) warm-up at 64/64 images", f"model 1/2 ({stems[0]}) at 64/64 images",
+              f"model 2/2 ({stems[1]}) warm-up at 64/64 images", f"model 2/2 ({stems[1]}) at 64/64 images"]
+    assert [line.split(" (", 1)[1].rsplit("), ", 1)[0] for line in progress] == stages
+    assert [line.split()[1] for line in progress] == ["25%", "50%", "75%", "100%"]
+    assert all(re.search(r"\), \d+ s, about \d+ s left$", line) for line in progress[:3]), progress
+    assert re.search(r"\), \d+ s$", progress[3]), progress[3]
+    code, quiet_out, quiet_err = run_cli(["eval", "--ensemble", *map(str, stems[:2]), "--dataset", DATA, "--device",
+                                          "cpu", "--quiet"], capsys)
+    assert code == 0 and quiet_err == "" and quiet_out.splitlines()[0] == out.splitlines()[0]
+    code, out, err = run_cli(["eval", str(stems[0]), "--dataset", DATA, "--device", "cpu"], capsys)
+    assert code == 0 and f"eval: 100% ({stems[0]} at 64/64 images)" in err, err
+
+
+def _interrupted_at(call: int, monkeypatch) -> None:
+    """EvalProgress.advance raises KeyboardInterrupt (Ctrl-C) at its `call`th call, before counting that batch."""
+    from speedrun.run import display
+
+    calls, advance = [0], display.EvalProgress.advance
+
+    def interrupting(self, passes):
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+        advance(self, passes)
+    monkeypatch.setattr(display.EvalProgress, "advance", interrupting)
+
+
+def test_an_interrupted_eval_says_how_far_it_got_and_writes_nothing(saved, tmp_path, capsys, monkeypatch):
+    stems, _ = saved
+    report = tmp_path / "e.json"
+    _interrupted_at(4, monkeypatch)  # the second model's pass: its warm-up is done
+    code, out, err = run_cli(["eval", "--ensemble", *map(str, stems[:2]), "--dataset", DATA, "--device", "cpu",
+                              "--json", str(report)], capsys)
+    assert code == 130 and out == ""
+    assert err.splitlines()[-1] == (f"speedrun: interrupted; evaluation of 2 models stopped at model 2/2 ({stems[1]}) "
+                                    "at 0/64 images; nothing was written")
+    assert not report.exists()
+    _interrupted_at(1, monkeypatch)
+    code, out, err = run_cli(["eval", str(stems[0]), "--dataset", DATA, "--device", "cpu", "--quiet"], capsys)
+    assert (code, out) == (130, "")
+    assert err == f"speedrun: interrupted; evaluation of {stems[0]} stopped at 0/64 images; nothing was written\n"
+
+
+def test_an_interrupt_carries_the_images_scored_of_the_model_it_stopped(saved, monkeypatch):
+    stems, _ = saved
+    _interrupted_at(7, monkeypatch)  # batches of 24, 24 and 16: the first model's 1 + 3, the second's 1 + 1, then
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        ens.evaluate_ensemble(stems[:2], DATA, device="cpu", batch_size=24)
+    assert stopped.value.stopped_at == f"evaluation of 2 models stopped at model 2/2 ({stems[1]}) at 24/64 images"

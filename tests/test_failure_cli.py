@@ -167,6 +167,17 @@ def test_version():
 # ---- lost or overwritten data ------------------------------------------------------------------------------------
 
 
+def test_an_empty_result_file_left_by_a_killed_run_says_what_it_is(capsys, tmp_path, no_run):
+    """A command claims its result file empty at the start; SIGKILL (`timeout -k`) leaves the claim behind, and the
+    rerun was told only "already exists"."""
+    out = tmp_path / "r.json"
+    out.write_text("")
+    code = main(["train", *TINY, "--json", str(out)])
+    err = _one_line_error(capsys, code, "is empty: the claim of a command still running, or of one killed")
+    assert "delete it if no command is writing it" in err
+    assert out.read_text() == "" and not no_run
+
+
 def test_json_never_replaces_an_existing_file(capsys, tmp_path, no_run):
     out = tmp_path / "r.json"
     out.write_text("precious")
@@ -332,11 +343,18 @@ def test_batch_larger_than_the_data_warns_even_when_quiet(capsys, tmp_path):
     assert "speedrun: warning: batch_size 32 is larger than the 16 training images" in err
 
 
-def test_quiet_prints_the_summary_and_n1_shows_no_spread(capsys, tmp_path):
+def test_quiet_prints_the_result_lines_alone(capsys, tmp_path):
+    """--quiet: the statistics and the target's verdict, a line each; no table, no caption, no progress."""
     assert main(["train", *TINY, "--quiet", "--json", str(tmp_path / "r.json")]) == 0
     captured = capsys.readouterr()
-    assert "test acc %" in captured.out and "n/a" in captured.out and "0.00 .." not in captured.out
+    result = json.loads((tmp_path / "r.json").read_text())
+    acc, secs = result["runs"][0]["accuracy"], result["runs"][0]["train_seconds"]
+    lines = captured.out.splitlines()
+    assert lines[0] == (f"cifar10-94 on {result['dataset']} (cpu), n=1: test acc {100 * acc:.2f}%, timed {secs:.2f} s")
+    assert len(lines) == 2 and lines[1].startswith("The run did not reach the target 94.00%; a record needs at least 2")
     assert captured.err == ""  # no progress, no tables, no notes
+    assert main(["train", *TINY, "--json", str(tmp_path / "full.json")]) == 0
+    assert "n/a" in capsys.readouterr().out  # without --quiet, the table: one run has no spread
 
 
 @pytest.mark.slow
@@ -345,7 +363,7 @@ def test_piped_output_keeps_progress_and_does_not_wrap(tmp_path):
                            "--json", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "run 1/1: step 8/8 (100%)" in proc.stderr  # plain progress lines instead of a lost bar
-    caption = [line for line in proc.stdout.splitlines() if "runs reached the target" in line]
+    caption = [line for line in proc.stdout.splitlines() if "the target 94.00%" in line]
     assert len(caption) == 1 and len(caption[0].strip()) > 80  # one line, not wrapped at 80 columns
 
 
@@ -355,7 +373,7 @@ def test_smoke_test_is_quick_and_says_what_it_is(tmp_path, capsys):
                  "--set", "widths=8,8,8", "--json", str(out)])
     assert code == 0
     captured = capsys.readouterr()
-    assert "SMOKE TEST (pipeline check, not a result)" in captured.out and "smoke test: 4 step(s)" in captured.err
+    assert "SMOKE TEST (pipeline check, not a result)" in captured.out and "smoke test: 4 steps" in captured.err
     result = _strict(out.read_text())
     assert result["smoke_test"] is True and result["runs"][0]["steps"] == 4
     assert result["config"]["tta_level"] == 0
@@ -383,7 +401,7 @@ def test_a_class_folder_without_training_images_is_refused(capsys, tmp_path, no_
                 Image.new("RGB", (16, 16)).save(tmp_path / "pics" / split / cls / "1.png")
     (tmp_path / "pics" / "train" / "b" / "notes").mkdir()  # a folder, no image: class b would never be trained
     code = main(["train", "--dataset", str(tmp_path / "pics"), "--device", "cpu", "--json", str(tmp_path / "r.json")])
-    _one_line_error(capsys, code, "class folder(s) b hold no .jpg/.jpeg/.png images")
+    _one_line_error(capsys, code, "class folder b holds no .jpg/.jpeg/.png images")
 
 
 def test_a_data_dir_that_is_neither_folder_nor_file(capsys, tmp_path, no_run):
@@ -431,6 +449,30 @@ def test_after_the_first_interrupt_further_signals_are_ignored(monkeypatch, caps
             signal.signal(s, handler)
 
 
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_while_the_last_line_is_written_changes_nothing(second, monkeypatch, capsys):
+    """A second Ctrl-C while main() wrote its interrupt line printed a traceback; a second SIGTERM there met the
+    default action again and ended the process without a word."""
+    from speedrun.cli import program as cli
+    from speedrun.cli import train_commands
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    said = []
+
+    def say_with_a_signal(text):
+        os.kill(os.getpid(), second)  # Python runs the handler before the next line: within this call
+        said.append(text)
+
+    monkeypatch.setattr(train_commands, "train_command", interrupted)
+    monkeypatch.setattr(cli, "say", say_with_a_signal)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["train", *TINY]) == 130
+    assert said == ["speedrun: interrupted; no run had finished"]
+    assert {s: signal.getsignal(s) for s in before} == before  # the caller's handlers, as they were
+
+
 def test_a_bad_data_limit_is_one_line_even_with_a_warm_cache(capsys, tmp_path, monkeypatch, no_run):
     from test_hostile_folder import _folder
 
@@ -468,7 +510,7 @@ def test_the_python_api_refuses_wrong_types_with_value_errors(kwargs, fragment, 
 def test_a_result_path_under_a_file_says_so(capsys, tmp_path, no_run):
     (tmp_path / "afile").write_text("x")
     code = main(["train", *TINY, "--json", str(tmp_path / "afile" / "r.json")])
-    err = _one_line_error(capsys, code, "is not a folder")
+    err = _one_line_error(capsys, code, "is a file, not a folder")
     assert "already exists" not in err and "PosixPath" not in err
 
 
@@ -524,8 +566,8 @@ def test_message_details(capsys, tmp_path, monkeypatch, no_run):
     from speedrun.data import limits
 
     code = main(["train", "--dataset", "x" * 100_000, "--device", "cpu", "--json", str(tmp_path / "a.json")])
-    err = _one_line_error(capsys, code, "characters]...")
-    assert len(err) < 1100
+    err = _one_line_error(capsys, code, "(100,000 characters)")
+    assert len(err) < 300
     monkeypatch.setenv("SPEEDRUN_MAX_DATA_BYTES", "62720")
     with pytest.raises(ValueError, match=r"62,721 bytes of memory as decoded images, over the limit of 62,720 bytes"):
         limits.check_dataset_bytes(62_721, "x")
@@ -545,5 +587,5 @@ def test_a_full_disk_under_the_output_names_the_fix(tmp_path):
 
 
 def test_the_smoke_summary_says_no_tta(capsys, tmp_path):
-    assert main(["train", *TINY, "--smoke", "--quiet", "--json", str(tmp_path / "r.json")]) == 0
-    assert "final evaluation without TTA" in capsys.readouterr().out
+    assert main(["train", *TINY, "--smoke", "--json", str(tmp_path / "r.json")]) == 0
+    assert "final evaluation without TTA" in capsys.readouterr().out  # the table's caption

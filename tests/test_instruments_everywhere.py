@@ -209,7 +209,7 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     stored = f" and in the results database {tmp_path / 'r.db'} (#1)" if command[0] == "train" else ""
-    assert err == f"speedrun: error: this setting cannot train (--set x=...); 1 finished run(s) kept in {out}{stored}"
+    assert err == f"speedrun: error: this setting cannot train (--set x=...); 1 finished run kept in {out}{stored}"
     kept = json.loads(out.read_text())
     assert kept["complete"] is False
     with db.connect(tmp_path / "r.db") as conn:
@@ -226,7 +226,7 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
         monkeypatch.chdir(tmp_path)
         assert main(argv[:-2]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]
-        named = Path(line.split("; 1 finished run(s) kept in ")[1].split(" and in the results database ")[0])
+        named = Path(line.split("; 1 finished run kept in ")[1].split(" and in the results database ")[0])
         assert json.loads(named.read_text())["complete"] is False and len(json.loads(named.read_text())["runs"]) == 1
 
 

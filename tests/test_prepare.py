@@ -274,6 +274,34 @@ def test_a_manifest_that_is_a_fifo_or_claims_other_splits(tmp_path):
     assert not report.up_to_date and json.loads((dst / "manifest.json").read_text())["version"] == 1
 
 
+@pytest.mark.parametrize("splits, missing", [(("val",), "has no train/ folder"), (("test",), "has no train/ folder"),
+                                             (("train",), "has no val/ or test/ folder"),
+                                             ((), "holds class folders, not train/ and val/ (or test/) folders"),
+                                             (("train", "val"), None), (("train", "test"), None)])
+def test_shards_that_train_would_refuse_are_warned_about_before_any_image_is_prepared(tmp_path, monkeypatch, splits,
+                                                                                       missing):
+    """A tree without train/, or without val/ and test/, prepares as before, with one warning first saying that
+    `speedrun train` refuses such shards and what to add; a tree train can use, none."""
+    src = tmp_path / "src"
+    for split in splits or ("",):
+        (src / split / "c").mkdir(parents=True)
+        _save(src / split / "c" / "x.png", _gradient(), "PNG")
+    order = []
+    from speedrun.data import prepare_tree as tree
+
+    write = tree._write
+    monkeypatch.setattr(tree, "_write", lambda *a, **k: (order.append("prepared"), write(*a, **k))[1])
+    monkeypatch.setattr(tree, "warn", lambda message: (order.append(message), warnings.warn(message, SpeedrunWarning)))
+    report, warned = _prepare(src, tmp_path / "dst")
+    assert [s.split for s in report.splits] == list(splits or ("train",))
+    if missing is None:
+        assert warned == [] and order == ["prepared"]
+        return
+    assert len(warned) == 1 and warned[0].startswith(f"{src} {missing}, so its shards will hold "), warned
+    assert "which speedrun train refuses" in warned[0] and "to train on them, " in warned[0]
+    assert order == [warned[0], "prepared"]  # said before the work, not after it
+
+
 def test_layouts_and_paths(tmp_path):
     flat = tmp_path / "flat"  # SRC/<class>/<image>: one split, train
     for c in ("b", "a"):
@@ -283,7 +311,7 @@ def test_layouts_and_paths(tmp_path):
     report, warned = _prepare(flat, tmp_path / "out")
     assert [s.split for s in report.splits] == ["train"] and _split(report, "train").written == 2
     assert json.loads((tmp_path / "out" / "classes.json").read_text()) == ["a", "b", "empty"]
-    assert any("empty" in w and "hold no images" in w for w in warned)
+    assert any("empty" in w and "holds no images" in w for w in warned)
     cifar = tmp_path / "cifar"  # train/ and test/
     for s in ("train", "test"):
         (cifar / s / "c").mkdir(parents=True)
@@ -327,6 +355,7 @@ def test_odd_names_links_and_loops_are_named_printably(tmp_path):
     report, warned = _prepare(src, tmp_path / "dst")
     train = _split(report, "train")
     assert train.written == 1 and len(train.skipped) == 4 and train.ignored == 1
+    assert "which speedrun train refuses" in warned.pop(0)  # class folders without split folders: no val/
     assert len(warned) == 4 and all("\n" not in w and "\\n" in w for w in warned)
     assert all(w.isprintable() for w in warned) and any("\\xff" in w for w in warned)
     assert json.loads((tmp_path / "dst" / "classes.json").read_text()) == [printable(odd_class)]
@@ -365,7 +394,8 @@ def test_imagenet_sample_once_each_with_its_wnid_label(tmp_path):
         pytest.skip(f"{val} not present")
     wnids = sorted(p.name for p in val.iterdir())
     report, warned = _prepare(IMAGENET_SAMPLE, tmp_path / "dst", workers=2)
-    assert warned == [] and [s.split for s in report.splits] == ["val"]
+    assert [s.split for s in report.splits] == ["val"]
+    assert len(warned) == 1 and warned[0].startswith(f"{IMAGENET_SAMPLE} has no train/ folder")  # val/ alone
     rep = _split(report, "val")
     assert (rep.written, rep.skipped, rep.ignored) == (1000, [], 0)
     # 23 grayscale; 1 EXIF-rotated (orientation 6): 2 more carry orientation 0, which is no rotation

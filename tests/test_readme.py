@@ -202,7 +202,8 @@ def test_the_readme_shows_every_command_and_the_ci_test_command():
     assert set(_subcommands(build_parser())) <= shown, "README.md shows no example of " + ", ".join(
         sorted(set(_subcommands(build_parser())) - shown))
     text = README.read_text(encoding="utf-8")
-    assert "pip install -e '.[test]' && python -m pytest -q" in text  # .ci/run runs it
+    assert "pip install -e '.[test]' && python -m pytest -q -m \"not slow\"" in text  # the quick subset first
+    assert "The whole suite, `python -m pytest -q`" in text  # and the whole, which .ci/run runs, named
     assert text.count("<!-- records:begin -->") == 1 and text.count("<!-- records:end -->") == 1
     assert text.index("<!-- records:begin -->") < text.index("<!-- records:end -->")
 

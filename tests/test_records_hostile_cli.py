@@ -129,7 +129,7 @@ def test_a_full_disk_part_way_says_how_many_runs_the_file_really_holds(tmp_path,
     code = main(["train", "cifar10-94", *SMALL, "--runs", "3", "--db", str(tmp_path / "r.db"), "--json", str(out)])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    assert line.endswith(f"; 3 finished run(s) in the results database {tmp_path / 'r.db'} (#1); {out} holds 2: the "
+    assert line.endswith(f"; 3 finished runs in the results database {tmp_path / 'r.db'} (#1); {out} holds 2: the "
                          "disk is full"), line
     assert "kept in" not in line
     assert len(json.loads(out.read_text())["runs"]) == 2
@@ -155,20 +155,20 @@ def test_the_kept_line_names_what_is_in_each_place(tmp_path):
     db.connect(database).close()
     where = program._where_kept
     assert where(_stopped(0, full)) is None
-    assert where(_stopped(3, full)) == f"3 finished run(s) kept in {full}"
-    assert where(_stopped(3, None)) == "3 finished run(s), no result file asked for"
-    assert where(_stopped(3, database)) == f"3 finished run(s) kept in {database}"  # the database, as it was told
-    assert where(_stopped(3, behind)) == f"3 run(s) finished; {behind} holds 2: the disk is full"
-    assert where(_stopped(3, empty)) == f"3 run(s) finished; {empty} holds 0: the disk is full"
+    assert where(_stopped(3, full)) == f"3 finished runs kept in {full}"
+    assert where(_stopped(3, None)) == "3 finished runs, no result file asked for"
+    assert where(_stopped(3, database)) == f"3 finished runs kept in {database}"  # the database, as it was told
+    assert where(_stopped(3, behind)) == f"3 runs finished; {behind} holds 2: the disk is full"
+    assert where(_stopped(3, empty)) == f"3 runs finished; {empty} holds 0: the disk is full"
     stored = {"stored_as": (str(database), 7)}
-    assert where(_stopped(3, behind, **stored)) == (f"3 finished run(s) in the results database {database} (#7); "
+    assert where(_stopped(3, behind, **stored)) == (f"3 finished runs in the results database {database} (#7); "
                                                      f"{behind} holds 2: the disk is full")
-    assert where(_stopped(3, full, **stored)) == (f"3 finished run(s) kept in {full} and in the results database "
+    assert where(_stopped(3, full, **stored)) == (f"3 finished runs kept in {full} and in the results database "
                                                    f"{database} (#7)")
-    assert where(_stopped(3, database, **stored)) == f"3 finished run(s) in the results database {database} (#7)"
+    assert where(_stopped(3, database, **stored)) == f"3 finished runs in the results database {database} (#7)"
     report = tmp_path / "bench.json"
     report.write_text(json.dumps({"benchmark": "bench", "order": [1, 2, 3, 4]}))
-    assert where(_stopped(4, report)) == f"4 finished run(s) kept in {report}"  # written once, whole
+    assert where(_stopped(4, report)) == f"4 finished runs kept in {report}"  # written once, whole
 
 
 def test_an_interrupt_says_the_same_about_kept_runs(tmp_path, capsys, monkeypatch):
@@ -183,7 +183,7 @@ def test_an_interrupt_says_the_same_about_kept_runs(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(file_commands, "results_command", interrupted)
     assert main(["results"]) == 130
-    assert capsys.readouterr().err == f"speedrun: interrupted; 2 run(s) finished; {behind} holds 1\n"
+    assert capsys.readouterr().err == f"speedrun: interrupted; 2 runs finished; {behind} holds 1\n"
 
 
 # --- advice names only the command's own flags ----------------------------------------------------------------

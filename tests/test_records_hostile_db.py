@@ -341,7 +341,7 @@ _TILDE = "~nosuchuser4fd1"
     ([], {"SPEEDRUN_DB": f"{_TILDE}/r.db"}, "SPEEDRUN_DB"),
     (["--json", f"{_TILDE}/r.json"], {}, "--json"),
     (["--checkpoint-dir", f"{_TILDE}/c"], {}, "--checkpoint-dir"),
-    (["--save", f"{_TILDE}/m"], {}, "model path"),
+    (["--save", f"{_TILDE}/m"], {}, "--save"),
     ([], {"SPEEDRUN_RESULTS": f"{_TILDE}/results"}, "SPEEDRUN_RESULTS"),
     ([], {"SPEEDRUN_PRICES": f"{_TILDE}/prices.json"}, "SPEEDRUN_PRICES"),
     ([], {"SPEEDRUN_DATA": f"{_TILDE}/data"}, "SPEEDRUN_DATA"),

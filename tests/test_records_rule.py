@@ -273,20 +273,33 @@ def test_the_train_summary_and_result_file_carry_p_and_the_threshold(capsys):
     record = result.to_dict()["record"]
     assert record["reached"] is True and record["threshold"] == 0.01 and record["n"] == 5
     assert record["p"] == pytest.approx(expected, rel=1e-9)
-    assert (f"Reached the target 94.00% (p = {record_p_text(expected)} < 0.01, one-sided t-test, n=5)."
-            in summary_caption(result, capsys))
+    assert (f"5/5 runs reached the target 94.00%, and a one-sided t-test puts their mean above it with p = "
+            f"{record_p_text(expected)} < 0.01 (n=5): a record by the records rule." in summary_caption(result, capsys))
     noisy = make_result(NOISY)
     assert noisy.to_dict()["record"]["reached"] is False
-    assert ("Not shown to reach the target 94.00% (p = 0.48, not < 0.01; one-sided t-test, n=3)."
-            in summary_caption(noisy, capsys))
+    # two runs of three reached the target and the mean is above it: said once, with what a record needs
+    caption = summary_caption(noisy, capsys)
+    assert ("2/3 runs reached the target 94.00% and their mean is above it, but not surely enough for a record: a "
+            "one-sided t-test gives p = 0.48, and a record needs p < 0.01 (n=3); more runs would tell." in caption)
+    assert caption.count("target") == 1
     one = make_result([0.99])
     assert one.to_dict()["record"] == {**one.to_dict()["record"], "reached": False, "p": None, "n": 1}
-    assert "needs n >= 2 runs (n=1)" in summary_caption(one, capsys)
+    caption = summary_caption(one, capsys)
+    assert ("The run reached the target 94.00%; a record needs at least 2 runs (--runs N) whose mean accuracy a "
+            "one-sided t-test puts above the target with p < 0.01." in caption)
+    low = summary_caption(make_result([0.95, 0.90, 0.91]), capsys)
+    assert ("1/3 runs reached the target 94.00%, but their mean is not above it: not a record, which needs the mean "
+            "above the target with p < 0.01 in a one-sided t-test (here p = 0.84, n=3)." in low)
+    smoke = make_result([0.99])
+    smoke.smoke_test = True
+    assert ("A smoke test checks that the pipeline runs: its accuracy is not judged against the target 94.00%."
+            in summary_caption(smoke, capsys))
     # a diverged run is in the test as accuracy 0: three runs, and 0.95, 0, 0.95 do not show 94% reached
     mixed = make_result([0.95, None, 0.95]).to_dict()["record"]
     assert mixed["reached"] is False and mixed["n"] == 3 and mixed["p"] > 0.5
     assert make_result([None]).to_dict()["record"] is None
-    assert "no run finished" in summary_caption(make_result([None]), capsys)
+    none = summary_caption(make_result([None]), capsys)
+    assert "No run finished: nothing to judge against the target 94.00%." in none
 
 
 def test_the_session_records_the_threshold_the_summary_shows(monkeypatch, capsys):
@@ -298,7 +311,7 @@ def test_the_session_records_the_threshold_the_summary_shows(monkeypatch, capsys
     noisy = make_result(NOISY)
     session(noisy)
     assert noisy.to_dict()["record"]["threshold"] == 0.5 and noisy.to_dict()["record"]["reached"] is True
-    assert "(p = 0.48 < 0.5, one-sided t-test, n=3)" in summary_caption(noisy, capsys)
+    assert "their mean above it with p = 0.48 < 0.5 (n=3): a record" in summary_caption(noisy, capsys)
     # a result file read back is judged at the reader's threshold, not the one it was written with
     monkeypatch.setenv("SPEEDRUN_RECORD_P", "0.01")
     assert Result.from_dict(noisy.to_dict()).record()["reached"] is False

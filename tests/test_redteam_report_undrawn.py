@@ -103,4 +103,4 @@ def test_the_names_are_bounded(tmp_path):
     left_out = []
     with db.connect(tmp_path / "r.db") as conn:
         assert queries.newest_reports(conn, ("ablate",), left_out) == []
-    assert len(left_out) == queries.MAX_LEFT_OUT + 1 and left_out[-1] == "5 more report(s) could not be drawn"
+    assert len(left_out) == queries.MAX_LEFT_OUT + 1 and left_out[-1] == "5 more reports could not be drawn"

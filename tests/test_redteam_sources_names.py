@@ -258,7 +258,8 @@ def test_an_empty_class_names_train_and_the_test_folder(test_folder, empty, tmp_
         (src / test_folder / name).mkdir()
     with pytest.raises(ValueError) as err:
         load_dataset(str(src), cache_dir=tmp_path / "cache")
-    _one_line(str(err.value), ", ".join(empty), f"remove the folder from train/ and {test_folder}/")
+    folders = "folder" if len(empty) == 1 else "folders"
+    _one_line(str(err.value), ", ".join(empty), f"remove the {folders} from train/ and {test_folder}/")
     assert "train/ and train/" not in str(err.value)
 
 

@@ -147,7 +147,7 @@ def test_the_page_is_bounded_whatever_the_database_holds(base, tmp_path):
     out = tmp_path / "r.html"
     assert main(["report", "--db", str(path), "--out", str(out)]) == 0
     text = out.read_text()
-    assert len(text) < 8_000_000 and text.count("<h3>") < 80 and "more leaderboard(s) not shown" in text
+    assert len(text) < 8_000_000 and text.count("<h3>") < 80 and "more leaderboards not shown" in text
 
 
 def test_markdown_files_keep_their_link_mode_and_refuse_what_is_not_theirs(base, tmp_path, capsys):

@@ -249,3 +249,27 @@ def test_degenerate_reports_draw_nothing_empty(tmp_path, drawn):
     # seconds), so its point is drawn, and passes the figure checks
     timeless = make_result(0, 0.9, 1.0, train_seconds={"mean": None, "std": None})
     assert chart_kinds(page_of(tmp_path / "t", timeless)) == ["accuracy-vs-time"]
+
+
+@pytest.mark.parametrize("seconds, std, right", [(100.0, 0.0, 200.0), (3234.35, 0.0, 6468.7), (2.0, 3.0, 6.0),
+                                                 (0.0, 0.0, 1.0)])
+def test_a_single_time_gets_an_axis_from_zero_that_shows_its_size(drawn, seconds, std, right):
+    """One point (or every point at one time): matplotlib's own limits would be 5% either side of it, an axis of a
+    few seconds around a time of hundreds; from 0 to twice the time instead, wider where an error bar reaches."""
+    point = {"recipe": "cifar10-94", "seconds": seconds, "std_seconds": std, "accuracy": 0.9, "std_accuracy": 0.01}
+    assert charts.accuracy_vs_time("one result", [point], [0.94]) is not None
+    ax = drawn[0][1].axes[0]
+    assert ax.get_xlim() == pytest.approx((0.0, right)) and ax.get_xscale() == "linear"
+    two = [point, {**point, "seconds": seconds + 50.0}]  # two times: the data sets the axis, as before
+    charts.accuracy_vs_time("two results", two, [0.94])
+    low, high = drawn[1][1].axes[0].get_xlim()
+    assert low < seconds < seconds + 50.0 < high and (low, high) != pytest.approx((0.0, right))
+
+
+def test_the_fingerprint_names_cuda_and_the_driver_on_a_gpu_only():
+    row = {"commit": "0123456789abcdef", "dirty": True, "torch": "2.13.0+cpu", "cuda": None, "driver": None,
+           "processes": 1, "device": "cpu"}
+    assert rep.fingerprint_text(row) == "commit 0123456789+dirty · torch 2.13.0+cpu · 1 process"
+    gpu = {**row, "torch": "2.13.0+cu128", "cuda": "12.8", "driver": "570.1", "processes": 8, "device": "cuda"}
+    assert rep.fingerprint_text(gpu) == ("commit 0123456789+dirty · torch 2.13.0+cu128 · CUDA 12.8 · "
+                                         "driver 570.1 · 8 processes")

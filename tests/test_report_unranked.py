@@ -18,8 +18,8 @@ def test_smoke_tests_and_interrupted_results_are_named_as_what_they_are(tmp_path
             db.insert_result(conn, make_result(i, smoke_test=True))
         db.insert_result(conn, make_result(5, complete=False))
         text = queries.unranked_text(conn)
-        assert text.startswith("No stored result is ranked: of the 4 stored, 3 smoke test(s)") and \
+        assert text.startswith("No stored result is ranked: of the 4 stored, 3 smoke tests") and \
             "1 incomplete" in text and "without --smoke" in text, text
         assert "No result is stored yet" not in html.page(conn)
-        assert "3 smoke test(s)" in html.page(conn)
+        assert "3 smoke tests" in html.page(conn)
         assert markdown.readme_lines(conn) == [text]

@@ -204,7 +204,7 @@ def test_setups_that_would_lose_work_are_refused_before_any_data(capsys):
     assert "data.sha256=" in _error(capsys)
     # --save whose card would take the result file's name: refused before training, not after.
     assert main(["train", *SMALL, "--save", "same", "--json", "same.json"]) == 2
-    assert "--save same would write the result file's name" in _error(capsys)
+    assert "--json and --save name the same file ('same.json' and 'same'" in _error(capsys)
     assert main(["train", *SMALL, "--resume", str(Path("ck") / "nope.safetensors")]) == 2
     _error(capsys)
     Path("mine.json").write_text("{}")

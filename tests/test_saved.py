@@ -56,7 +56,7 @@ def _refused(stem_or_path, named: Path, *, exc=ValueError, load=saved.load, **kw
 
 def test_round_trip_with_and_without_suffix(tmp_path, trained):
     data, net, card = trained
-    assert saved.save_model(tmp_path / "m", net, card) == f"{tmp_path}/m.safetensors + m.json"
+    assert saved.save_model(tmp_path / "m", net, card) == f"{tmp_path}/m.safetensors + {tmp_path}/m.json"
     written = json.loads((tmp_path / "m.json").read_text())
     assert written["weights_sha256"] == hashlib.sha256((tmp_path / "m.safetensors").read_bytes()).hexdigest()
     assert (written["format"], written["version"], written["classes"]) == ("speedrun-model", 1, data.classes)
@@ -111,7 +111,7 @@ def test_a_file_is_never_replaced(tmp_path, trained, monkeypatch):
     assert saved.check_save_path(tmp_path / "new" / "deep" / "m.json") == tmp_path / "new" / "deep" / "m"
     assert not (tmp_path / "new").exists()  # checked, not created
     (tmp_path / "file").write_text("")
-    with pytest.raises(ValueError, match=f"{tmp_path}/file is not a folder"):
+    with pytest.raises(ValueError, match=f"{tmp_path}/file is a file, not a folder"):
         saved.check_save_path(tmp_path / "file" / "m")
     # The card appears between the check and the write: the weights already linked are taken back, theirs stays.
     monkeypatch.setattr(saved, "check_save_path", lambda path: tmp_path / "r")
@@ -320,3 +320,18 @@ def test_a_model_trained_with_selective_tta_is_scored_with_it(tmp_path, trained,
     expected = evaluate(net, data.test_images, data.test_labels, tta_select=0.25, **kwargs)
     for batch in (1, 5, 2000):
         assert saved.evaluate_saved(tmp_path / "sel", str(root), device="cpu", batch_size=batch)["accuracy"] == expected
+
+
+def test_train_save_reports_both_files_as_the_user_would_type_them(tmp_path, monkeypatch, capsys):
+    """`train --save ../m1`: the card is beside the weights, in ../, and the line says so for both."""
+    from speedrun.cli.program import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code = main(["train", "--dataset", "synthetic:train=128,test=32", "--device", "cpu", "--smoke", "--set",
+                 "widths=8,8,8", "--save", "../m1", "--json", "r.json", "--db", "r.db"])
+    err = capsys.readouterr().err
+    assert code == 0 and "saved model: ../m1.safetensors + ../m1.json\n" in err, err
+    assert (tmp_path / "m1.safetensors").is_file() and (tmp_path / "m1.json").is_file()
+    assert json.loads((work / "r.json").read_text())["saved_model"] == "../m1.safetensors + ../m1.json"

@@ -74,7 +74,7 @@ def test_cli_prints_what_succeeded_before_a_file_that_fails_to_decode(model_dir,
         train_commands.predict_command(args)
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 128 and all(line.startswith(str(model_dir)) for line in printed)  # two whole batches
-    assert str(cut) in str(e.value) and "128 of 131 prediction(s) printed above" in str(e.value)
+    assert str(cut) in str(e.value) and "128 of 131 predictions printed above" in str(e.value)
 
 
 def test_batch_shrinks_to_fit_memory_and_one_image_that_cannot_fit_is_refused(model_dir, monkeypatch):

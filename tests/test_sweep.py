@@ -344,8 +344,11 @@ def test_the_report_names_a_sweep_report_it_cannot_draw(tmp_path, fake_training,
     monkeypatch.chdir(tmp_path)
     assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--trials", "2", "--runs", "2") == 0
     conn = db.connect(tmp_path / "r.db")
-    db.insert_result(conn, {"benchmark": "sweep", "command": "x", "objective": "accuracy", "trials": "not a list",
-                            "environment": {"timestamp_utc": "2026-01-01T00:00:00+00:00"}})
+    # a row insert_result refuses (check_sweep_report), as a database from elsewhere or an edited one may hold
+    conn.execute("INSERT INTO reports (id, kind, created_utc, command, sha256, json) VALUES (99, 'sweep', "
+                 "'2026-01-01T00:00:00+00:00', 'x', 'x', ?)", (json.dumps({
+                     "benchmark": "sweep", "command": "x", "objective": "accuracy", "trials": "not a list",
+                     "environment": {"timestamp_utc": "2026-01-01T00:00:00+00:00"}}),))
     page = html.page(conn)
     conn.close()
     assert 'data-chart="study-trials"' in page and "could not be drawn" in page
@@ -450,7 +453,7 @@ def test_an_interrupted_sweep_keeps_its_bookkeeping_and_writes_settings(tmp_path
     assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--sampler", "grid", "--trials", "2", "--runs", "2",
                   "--write-settings", "best.json", quiet=False) == 130
     captured = capsys.readouterr()
-    assert "3 finished run(s)" in captured.err, captured.err
+    assert "3 finished runs" in captured.err, captured.err
     assert "the best of the trials completed before the sweep stopped" in captured.err
     trials = _trials_in(f"sqlite:///{tmp_path / 'r.sweeps.db'}", _study_name(tmp_path))
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
@@ -478,7 +481,7 @@ def test_an_interrupt_before_any_trial_completed_writes_no_settings(tmp_path, ca
     assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--trials", "2", "--runs", "2",
                   "--write-settings", "best.json") == 130
     err = capsys.readouterr().err
-    assert "none written to best.json" in err and "1 finished run(s)" in err, err
+    assert "none written to best.json" in err and "1 finished run" in err, err
     assert not (tmp_path / "best.json").exists()
 
 

@@ -92,7 +92,7 @@ def test_smoke_tests_are_refused_and_diverged_runs_are_shown(tmp_path, capsys):
     assert speedrun_main([*base, "--epochs", "1", "--set", "precision=fp16", "--set", "logit_scale=10000",
                           "--json", str(diverged)]) == 3
     assert table.main([str(diverged)]) == 0
-    assert "| 0 | all 1 run(s) diverged | n/a | n/a | n/a |" in capsys.readouterr().out
+    assert "| 0 | all 1 run diverged | n/a | n/a | n/a |" in capsys.readouterr().out
 
 
 def test_every_stored_file_renders_and_speedruns_own_reports_are_left_to_it():

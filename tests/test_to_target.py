@@ -172,7 +172,7 @@ def test_each_variant_gets_its_own_answer_and_a_diverged_run_makes_its_probe_a_m
     monkeypatch.setattr(cifar, "train_run", _fake_train_run(calls, diverge_at=2))
     assert main(["ablate", *TINY, *TARGET, "--db", str(tmp_path / "r.db"), "--json", str(tmp_path / "t.json")]) == 3
     captured = capsys.readouterr()
-    assert "whiten_init=false: 1 run(s) diverged" in captured.err
+    assert "whiten_init=false: 1 run diverged" in captured.err
     report = _report(tmp_path)
     v = {row["name"]: row for row in report["variants"]}
     steps = {name: [p["steps"] for p in row["probes"]] for name, row in v.items()}
@@ -214,7 +214,7 @@ def test_an_interrupt_keeps_the_finished_probes_as_a_partial_report(tmp_path, ca
     monkeypatch.setattr(cifar, "train_run", _fake_train_run(calls, interrupt_at=27))
     out = tmp_path / "t.json"
     assert main(["ablate", *TINY, *TARGET, "--db", str(tmp_path / "r.db"), "--json", str(out)]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == f"speedrun: interrupted; 26 finished run(s) kept in {out}"
+    assert capsys.readouterr().err.splitlines()[-1] == f"speedrun: interrupted; 26 finished runs kept in {out}"
     report = _report(tmp_path)
     assert report["interrupted"] and not report["complete"] and len(report["order"]) == 26
     cut = [row["probes"][1] for row in report["variants"][:2]]

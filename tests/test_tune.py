@@ -60,7 +60,7 @@ def _setting(ratio, low, high, acc=None):
     (_setting(0.5, 0.4, 0.6, {"diff": -0.1, "ci95": [-0.2, -0.01]}), True, (False, "faster, but accuracy falls")),
     (_setting(0.5, 0.4, 0.6, {"diff": -0.01, "ci95": [-0.05, 0.03]}), True, (True, "faster")),
     ({"versus_baseline": None}, False, (False, "n/a (needs 2+ runs a side)")),
-    ({**_setting(0.5, 0.4, 0.6), "diverged": 2}, False, (False, "2 run(s) diverged")),
+    ({**_setting(0.5, 0.4, 0.6), "diverged": 2}, False, (False, "2 runs diverged")),
     (_setting(0.5, 0.4, 0.6, None), True, (False, "faster; its accuracy could not be compared")),
 ])
 def test_a_setting_is_recommended_only_when_its_whole_interval_is_faster(setting, numbers, expected):
@@ -208,7 +208,7 @@ def _fifo(path):
     (lambda p: _settings(p, label_smoothing="2"), "label_smoothing"),
     (lambda p: p.write_text("{"), "not JSON"),
     (lambda p: p.write_bytes(b"\xff\xfe"), "not JSON"),
-    (lambda p: p.write_text("[" * 60_000), "not JSON"),
+    (lambda p: p.write_text("[" * 60_000), "JSON nested 60,000 levels deep"),
     (lambda p: p.write_text(" " * (MAX_SETTINGS_BYTES + 1)), "over"),
     (lambda p: p.write_text('{"speedrun_settings": 2}'), "not a speedrun settings file"),
     (lambda p: p.write_text('{"speedrun_settings": 1, "recipe": "cifar10-94", "device": "cpu", "settings": '

@@ -281,7 +281,9 @@ def check(batch: int, world: World, device: torch.device, sync_bn: bool) -> None
     if batch < 2 or (per_process < 2 and not sync_bn):  # SyncBatchNorm normalizes over the global batch
         # BatchNorm in training normalizes each channel over the batch; where a net's map is 1x1 (a ResNet's last
         # stage, a CIFAR net on small images) one image gives one value, and torch refuses it mid-run
-        raise ValueError(f"batch_size {batch} gives each of {world.size} process(es) {per_process} image(s) per "
+        each = f"{per_process} image" + ("" if per_process == 1 else "s")  # errors.counted is not ours to import
+        who = "its one process" if world.size == 1 else f"each of {world.size} processes"
+        raise ValueError(f"batch_size {batch} gives {who} {each} per "
                          f"step, and BatchNorm needs at least 2; use batch_size >= {2 * world.size} "
                          "(--set batch_size=...)")
     if sync_bn and device.type != "cuda":

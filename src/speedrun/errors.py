@@ -39,6 +39,33 @@ def note_kept(exc: BaseException, runs_kept: int, result_path) -> None:
         pass
 
 
+def note_stopped(exc: BaseException, where: str) -> None:
+    """Tell the CLI's last line how far a command that keeps nothing part way got when `exc` stopped it
+    ("evaluation of 2 models stopped at model 2/2 (m2) at 4,000/10,000 images"), in place of a training
+    command's "no run had finished"."""
+    try:
+        exc.stopped_at = where
+    except AttributeError:  # an exception type without a __dict__: the line just says less
+        pass
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` whole when it has at most `limit` characters, else cut at a word boundary before that and marked
+    " ...": a reason cut mid-word ("from a unicode stri") reads as a garbled word, not a shortened one."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 4]
+    space = cut.rfind(" ")
+    return (cut[:space] if space >= limit // 2 else cut).rstrip(" ,;:(") + " ..."
+
+
+def counted(n: int | float, one: str, many: str | None = None) -> str:
+    """"1 run", "3 runs", "2.25 views" ("1 process", "2 processes" with `many`): a count with its noun, never
+    "run(s)"."""
+    shown = f"{n:,}" if isinstance(n, int) else f"{n:g}"
+    return f"{shown} {one if n == 1 else many or one + 's'}"
+
+
 def printable(text: str) -> str:
     """`text` as one printable line: file-name bytes that are not UTF-8 (os.fsdecode's surrogates) become \\xNN,
     control characters (a newline in a file name) become escapes. Messages carry names as they are; this runs

@@ -13,7 +13,7 @@ import sys
 
 from speedrun.cli.output import err, out
 from speedrun.data.prepare_tree import prepare_tree
-from speedrun.errors import printable
+from speedrun.errors import counted, printable
 from speedrun.instruments.compare import METRICS, compare_stored
 from speedrun.paths import user_path
 from speedrun.records import db
@@ -104,14 +104,26 @@ def results_command(args) -> int:
 
 def import_command(args) -> int:
     """`speedrun results import FILE... [--db PATH]`: args has files and db. Exit 2 if any file failed."""
-    with contextlib.closing(db.connect(args.db)) as conn:
-        done = db.import_files(conn, args.files)
-    for name, new_id, error, new in done:
+    db.check_writable(args.db)  # what connect would refuse, before any file is read
+    opened = []
+
+    def connect() -> db.Connection:  # at the first file that passes: files all refused make no database
+        opened.append(db.connect(args.db))
+        return opened[0]
+
+    try:
+        done = db.import_files(connect, args.files)
+    finally:
+        for conn in opened:
+            conn.close()
+    for name, new_id, error, new, results in done:
         if error:  # on stderr, the command's error line, with what to do
             err(f"speedrun: error: {name}: {' '.join(error.split())}; not imported (give a result JSON file of "
                 "speedrun train or a benchmark script)")
         else:
-            out(f"imported {name} as #{new_id}" if new else f"{name} already stored as #{new_id}")
+            # a report's training results (a bench's settings, a sweep's trials) are rows `speedrun results` lists
+            rows = f", with the {counted(results, 'training result')} it carries" if results else ""
+            out(f"imported {name} as #{new_id}{rows}" if new else f"{name} already stored as #{new_id}{rows}")
     return 2 if any(entry.error for entry in done) else 0
 
 

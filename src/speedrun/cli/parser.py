@@ -108,7 +108,7 @@ def _add_train(sub) -> None:
                    help="result file, never replaced (default: a new results/<time>-<recipe>-<dataset>.json)")
     t.add_argument("--smoke", action="store_true",
                    help="pipeline check in seconds: 4 small steps, 256 test images, no TTA; marked as not a result")
-    t.add_argument("--quiet", action="store_true", help="print only the summary table (and warnings)")
+    t.add_argument("--quiet", action="store_true", help="print only the result lines (and warnings)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save the training state in DIR (off by default; outside the timed region)")
     t.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
@@ -293,6 +293,7 @@ def _add_files_and_models(sub) -> None:
     e.add_argument("--image-size", type=int, default=None, metavar="PX", help="image folders: resize as for train")
     e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", default=None, help="also write the result to this new file")
+    e.add_argument("--quiet", action="store_true", help="print only the result (and warnings): no progress")
     p = sub.add_parser("predict", help="top classes of image files under a saved model")
     p.add_argument("model", nargs="?", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files (PNG, JPEG, ...)")

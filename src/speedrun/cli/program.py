@@ -26,7 +26,8 @@ from pathlib import Path
 from speedrun.cli.output import EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank, prog_name, say, under_torchrun
 from speedrun.cli.parser import build_parser
 from speedrun.data.download import given_mirrors  # urllib only: no torch
-from speedrun.errors import SpeedrunWarning, Terminated
+from speedrun.errors import SpeedrunWarning, Terminated, clip, counted
+from speedrun.paths import SECTIONS, distinct_outputs, user_path
 from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
 
 
@@ -45,6 +46,7 @@ def _cli_signals_and_warnings():
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    ending = False
     try:
         with warnings.catch_warnings():  # restores the filters and showwarning on exit
             warnings.simplefilter("default")
@@ -56,8 +58,22 @@ def _cli_signals_and_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             warnings.showwarning = _show_warning
             yield
+    except BaseException:
+        # The command is ending (an interrupt or an error) and main() is about to write its one line: a second
+        # Ctrl-C there would print a traceback, a second SIGTERM (the default action again) end the process without
+        # a word. From here to main()'s return, signals change nothing; main() puts the caller's handlers back.
+        ending = True
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _ignored)
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not ending:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _ignored(signum, frame) -> None:
+    """A signal while a command writes its last line: the command is stopping already (a Python-level handler, not
+    SIG_IGN, which the programs it starts would inherit)."""
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -150,11 +166,71 @@ _COMMANDS = {"train": ("train_commands", "train_command", True),
              "recipes": (None, _recipes_command, False)}
 
 
+# The options that name what a command writes: (its attribute, the option, its kind as paths.distinct_outputs takes
+# it: True for a folder, False for a file, SECTIONS for a file whose own sections it rewrites, as report's --readme
+# and --benchmarks do, which may name one file). A command's own flag of the same name that is no path (results
+# --json, a switch) holds a bool and is passed over.
+_OUTPUTS = (("json", "--json", False), ("trace", "--trace", False), ("db", "--db", False), ("apply", "--apply", False),
+            ("write_settings", "--write-settings", False), ("out", "--out", False), ("readme", "--readme", SECTIONS),
+            ("benchmarks", "--benchmarks", SECTIONS), ("tensorboard", "--tensorboard", True),
+            ("checkpoint_dir", "--checkpoint-dir", True))
+
+
+def _check_outputs(args) -> None:
+    """Before any work: each path the command writes within the bounds every path has (paths.user_path), and no
+    two of them one file (paths.distinct_outputs; --save's two files included, and the databases no option of
+    _OUTPUTS names: _databases)."""
+    given = [(option, value, value, kind) for name, option, kind in _OUTPUTS
+             if isinstance(value := getattr(args, name, None), str)]
+    save = getattr(args, "save", None)
+    if isinstance(save, str):
+        user_path(save, "--save")  # its bounds, said of --save
+        from speedrun.run.export import model_paths  # torch: train, the only command with --save, loads it anyway
+
+        given += [("--save", save, os.fspath(p), False) for p in model_paths(save)]
+    distinct_outputs(given + _databases(args))
+
+
+def _databases(args) -> list[tuple[str, str, str, bool]]:
+    """The database files a command writes without an option naming them, as distinct_outputs takes outputs: the
+    default results database (of a command with --db, where none is given: $SPEEDRUN_DB or the default file) and
+    sweep's study storage (--storage's SQLite file, or the default one beside the results database), which a
+    --json or --write-settings of the same file would overwrite, and a study would fill with Optuna's tables."""
+    found = []
+    if hasattr(args, "db") and args.db is None:
+        from speedrun.records import db  # numpy: the commands with --db load it anyway
+
+        try:
+            path = os.fspath(db.default_db_path())
+        except RuntimeError:  # no home folder: the command's own connect refuses in its words
+            path = None
+        if path is not None:
+            found.append(("the results database", path, path, False))
+    if args.command == "sweep":
+        from speedrun.instruments.study_url import storage_output  # no torch, no Optuna
+
+        storage = storage_output(args.storage, args.db)
+        if storage is not None:
+            found.append((*storage, False))
+    return found
+
+
 # The commands that train, and so take part in a torchrun job (every process trains; rank 0 prints and writes).
 DISTRIBUTED_COMMANDS = ("train", "bench", "ablate")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`speedrun ARGV` in this process: its exit code. The caller's SIGINT and SIGTERM handlers are as they were
+    when it returns (entry(), the program, keeps later signals ignored instead)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _main(argv)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if args.command not in DISTRIBUTED_COMMANDS and under_torchrun():
@@ -169,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # --mirror (the commands that may download a named dataset) reaches the downloader, whichever handler loads it
         with _cli_signals_and_warnings(), given_mirrors(getattr(args, "mirror", None) or ()):
+            _check_outputs(args)
             module, function, takes_argv = _COMMANDS[args.command]
             if args.command == "results" and args.results_action == "import":
                 function = "import_command"
@@ -197,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, Terminated) and under_torchrun():
             # torchrun stops every process with SIGTERM when one fails, as it forwards the user's or a scheduler's
             what = "terminated (SIGTERM: by the user or scheduler, or by torchrun after another process failed)"
-        where = _where_kept(exc) or ("nothing was written" if args.command in ("report", "results", "compare", "data")
+        stopped = getattr(exc, "stopped_at", None)  # how far a command that keeps nothing part way got
+        where = _where_kept(exc) or (f"{stopped}; nothing was written" if stopped else "nothing was written"
+                                     if args.command in ("report", "results", "compare", "data", "eval")
                                      else "no run had finished")
         if getattr(exc, "checkpoint_dir", None) is not None:
             where += f"; checkpoint in {exc.checkpoint_dir} (continue with --resume auto)"
@@ -209,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "PeerFailed":  # dist.main_first: rank 0 failed first and printed why
             return EXIT_USAGE
         if _out_of_memory(exc):
-            say(f"{prog}: error: out of memory ({one_line(exc, prose=True)[:200]}); {memory_advice(args.command)}"
+            say(f"{prog}: error: out of memory ({clip(one_line(exc, prose=True), 200)}); {memory_advice(args.command)}"
                 f"{_kept(exc)}")
             return EXIT_USAGE
         if _database_error(exc):  # records/db.py makes SQLite's errors refusals; this catches one that got past
@@ -221,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if _peer_lost(exc):
             say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
-                  f"own line (or torchrun's report) says why ({one_line(exc, prose=True)[:200]}){_kept(exc)}")
+                  f"own line (or torchrun's report) says why ({clip(one_line(exc, prose=True), 200)}){_kept(exc)}")
             return EXIT_INTERNAL
-        say(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc, prose=True)[:300]} (a bug: please report "
-              f"it; SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
+        say(f"{prog}: internal error: {type(exc).__name__}: {clip(one_line(exc, prose=True), 300)} (a bug: please "
+              f"report it; SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
         return EXIT_INTERNAL
 
 
@@ -261,7 +340,7 @@ def _database_name(args) -> str:
 
 
 def _kept(exc: BaseException) -> str:
-    """"; 2 finished run(s) kept in PATH" when the command stopped part way after some runs had ended
+    """"; 2 finished runs kept in PATH" when the command stopped part way after some runs had ended
     (errors.note_kept; `_where_kept`), else ""."""
     where = _where_kept(exc)
     return "" if where is None else one_line(f"; {where}")
@@ -279,13 +358,14 @@ def _where_kept(exc: BaseException) -> str | None:
     stored = getattr(exc, "stored_as", None)
     in_database = None if stored is None else f"the results database {stored[0]} (#{stored[1]})"
     if path is None or (stored is not None and _same_file(path, stored[0])):
-        return (f"{kept} finished run(s) in {in_database}" if in_database else
-                f"{kept} finished run(s), no result file asked for")
+        return (f"{counted(kept, 'finished run')} in {in_database}" if in_database else
+                f"{counted(kept, 'finished run')}, no result file asked for")
     in_file = _runs_in(path)
     if in_file is None or in_file == kept:
-        return f"{kept} finished run(s) kept in {path}" + (f" and in {in_database}" if in_database else "")
+        return f"{counted(kept, 'finished run')} kept in {path}" + (f" and in {in_database}" if in_database else "")
     behind = f"{path} holds {in_file}{_why_behind(exc)}"
-    return f"{kept} finished run(s) in {in_database}; {behind}" if in_database else f"{kept} run(s) finished; {behind}"
+    return (f"{counted(kept, 'finished run')} in {in_database}; {behind}" if in_database else
+            f"{counted(kept, 'run')} finished; {behind}")
 
 
 def _same_file(a, b) -> bool:
@@ -334,7 +414,7 @@ def entry() -> int:
     interrupt, no more of them. The command is already ending: a second Ctrl-C (or a group signal arriving twice)
     would otherwise interrupt the interpreter's shutdown and print a traceback. Not in main(), which tests and
     embedding programs call in their own process, whose children would inherit the ignored signals."""
-    code = main()
+    code = _main(None)  # not main(): after it the process only exits, so what it ignored stays ignored
     if code in (130, 143):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)

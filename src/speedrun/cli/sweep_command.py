@@ -4,12 +4,15 @@ module imports torch and the recipes, so program.py loads it only when the comma
 
 from __future__ import annotations
 
+import shlex
+
 from speedrun import dist
 from speedrun.cli.output import err, out
 from speedrun.config import parse_set_args
+from speedrun.errors import counted
 from speedrun.instruments.sweep import best_settings, sweep
 from speedrun.instruments.variants import set_text
-from speedrun.records.result_file import claim_result_path, release_result_path
+from speedrun.records.result_file import check_result_path, claim_result_path, release_result_path
 from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import record_p_text
 
@@ -37,13 +40,14 @@ def sweep_lines(report: dict) -> list[str]:
     what = ("mean test accuracy %, maximized" if report["objective"] == "accuracy" else
             f"mean timed seconds to the {100 * report['target']:g}% target, minimized")
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): study {report['study']}, "
-             f"{report['trials_total']} trial(s) ({len(report['trials_this_process'])} by this command), "
-             f"{report['runs']} run(s) per trial (seeds {report['seed']}..{report['seed'] + report['runs'] - 1}; "
+             f"{counted(report['trials_total'], 'trial')} ({len(report['trials_this_process'])} by this command), "
+             f"{counted(report['runs'], 'run')} per trial "
+             f"(seeds {report['seed']}..{report['seed'] + report['runs'] - 1}; "
              f"n: the runs a trial finished); {what}; p: one-sided t-test of the accuracies against the target",
              f"{'trial':>5} {'state':9} {'objective (95% CI)':>26} {'n':>3} {'p':>8}  parameters"]
     shown = report["trials"][-MAX_TABLE_TRIALS:]
     if report["trials_total"] > len(shown):
-        lines.append(f"... {report['trials_total'] - len(shown)} earlier trial(s) in the report file")
+        lines.append(f"... {counted(report['trials_total'] - len(shown), 'earlier trial')} in the report file")
     for t in shown:
         state = t["state"] + ("*" if t.get("penalized") else "")
         n = "-" if t.get("n") is None else str(t["n"])
@@ -67,10 +71,17 @@ def sweep_lines(report: dict) -> list[str]:
 
 def sweep_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
-    # an existing file fails before any work
-    settings_path = (claim_result_path(args.write_settings, "--write-settings") if args.write_settings is not None
-                     else None)
+    # an existing file, or one in a folder this process may not write, fails before any work; the file is claimed
+    # once the sweep has checked everything else (claim), so that a refusal leaves no file or folder of it
+    if args.write_settings is not None:
+        check_result_path(args.write_settings, "--write-settings")
+    settings_path = None
     written = False
+
+    def claim() -> None:
+        nonlocal settings_path
+        if args.write_settings is not None:
+            settings_path = claim_result_path(args.write_settings, "--write-settings")
 
     def on_report(report: dict, path, stored) -> None:
         """The table, the report's line and the settings file: on a finished sweep and on one stopped part way
@@ -79,7 +90,8 @@ def sweep_command(args, argv: list[str]) -> int:
         for line in sweep_lines(report):
             out(line)
         err(f"report: {path} ({'not stored in the results database' if stored is None else f'stored as #{stored}'});"
-            f" study {report['study']} in {report['storage']} (--resume --study {report['study']} adds trials)")
+            f" study {report['study']} in {report['storage']} (--resume --study {shlex.quote(report['study'])} adds "
+            "trials)")
         if settings_path is None:
             return
         stopped = not report["complete"]
@@ -106,7 +118,7 @@ def sweep_command(args, argv: list[str]) -> int:
               dataset=args.dataset, device=args.device, epochs=args.epochs, seed=args.seed, data_dir=args.data_dir,
               overrides=overrides, storage=args.storage, study=args.study, resume=args.resume, prune=args.prune,
               sampler=args.sampler, db_path=args.db, json_path=args.json, command=dist.command_line(argv),
-              tensorboard=args.tensorboard, on_report=on_report,
+              tensorboard=args.tensorboard, on_report=on_report, on_checked=claim,
               log=(lambda line: None) if args.quiet else err)
     finally:
         if settings_path is not None and not written:

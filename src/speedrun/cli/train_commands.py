@@ -14,10 +14,11 @@ from speedrun import dist
 from speedrun.cli.output import EXIT_DIVERGED, err, out
 from speedrun.config import check_int, parse_set_args
 from speedrun.data.folder import IMAGE_EXTENSIONS
-from speedrun.engine.peak import cache_path, datasheet
+from speedrun.engine.peak import datasheet
 from speedrun.engine.peak import mfu_text as peak_text
-from speedrun.engine.peak import peak as peak_of
+from speedrun.engine.peak import peak_kept
 from speedrun.engine.system import resolve_device
+from speedrun.errors import counted
 from speedrun.instruments.ablate import ablate, waterfall
 from speedrun.instruments.bench import bench, recipe_vary, run_and_store
 from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_list, rate_text, versus_text
@@ -31,6 +32,7 @@ from speedrun.records.result_file import claim_result_path, release_result_path,
 from speedrun.records.settings_file import write_settings
 from speedrun.records.stats import interval_text, mean_std_text, ratio_text
 from speedrun.run import runner as runs
+from speedrun.run.display import EvalProgress
 from speedrun.run.ensemble import evaluate_ensemble, iter_ensemble_predictions
 from speedrun.run.export import evaluate_saved, iter_predictions, model_paths
 from speedrun.tricks.precision import set_cpu_threads
@@ -66,7 +68,8 @@ def train_command(args, argv: list[str]) -> int:
     overrides = parse_set_args(args.overrides)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
-                        json_path="auto" if args.json is None else args.json, verbose=not args.quiet, summary=True,
+                        json_path="auto" if args.json is None else args.json, verbose=not args.quiet,
+                        summary="lines" if args.quiet else True,
                         smoke=args.smoke,
                         command=dist.command_line(argv), checkpoint_dir=args.checkpoint_dir,
                         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
@@ -87,7 +90,9 @@ def diverged_exit(report: dict, quiet: bool = False) -> int:
     """3 when a run diverged (as `speedrun train`), each setting's count on stderr unless quiet; else 0."""
     bad = [(s["name"], s["diverged"]) for s in report["settings"] if s["diverged"]]
     for name, count in [] if quiet else bad:
-        err(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss) and are not in its statistics")
+        are = "is" if count == 1 else "are"
+        err(f"speedrun: warning: {name}: {counted(count, 'run')} diverged (NaN/inf loss) and {are} not in its "
+            "statistics")
     return EXIT_DIVERGED if bad else 0
 
 
@@ -96,9 +101,9 @@ _BALANCED = "the order within rounds rotated from a shuffle seeded by --seed, so
 
 
 def _bench_lines(report: dict) -> list[str]:
-    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {report['runs']} round(s) after an "
-             f"untimed warm-up of each setting, {_BALANCED}; against the baseline: difference (95% CI), Welch p, "
-             "time ratio (95% CI)",
+    lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}), {counted(report['runs'], 'round')} "
+             f"after an untimed warm-up of each setting, {_BALANCED}; against the baseline: difference (95% CI), "
+             "Welch p, time ratio (95% CI)",
              f"{'setting':28} {'n':>3} {'div':>3} {'test acc %':>14} {'timed s':>14} {'Δ acc points':>24} "
              f"{'p':>8} {'time ratio':>22}"]
     for s in report["settings"]:
@@ -130,7 +135,7 @@ def bench_command(args, argv: list[str]) -> int:
 
 def _waterfall_lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): tricks added one at a time, "
-             f"{report['runs']} round(s) per row after an untimed warm-up of each, {_BALANCED}",
+             f"{counted(report['runs'], 'round')} per row after an untimed warm-up of each, {_BALANCED}",
              f"{'step':24} {'test acc %':>16} {'bought (points, 95% CI)':>28} {'p':>8} {'timed s':>14}"]
     for row in report["waterfall"]:
         b = row["bought"]
@@ -146,7 +151,8 @@ def _waterfall_lines(report: dict) -> list[str]:
 
 def _ablate_lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each trick off alone, "
-             f"{report['runs']} round(s) after an untimed warm-up of each, {_BALANCED}; gain = baseline - trick off",
+             f"{counted(report['runs'], 'round')} after an untimed warm-up of each, {_BALANCED}; gain = baseline - "
+             "trick off",
              f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
     for r in report["tricks"]:
         if not r["measured"]:
@@ -190,8 +196,8 @@ def ablate_command(args, argv: list[str]) -> int:
 
 def _target_lines(report: dict) -> list[str]:
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): epochs to reach "
-             f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {report['runs']} run(s), at most "
-             f"{report['max_probes']} probes per variant, variants in lockstep",
+             f"{report['target_accuracy'] * 100:.2f}% mean test accuracy over {counted(report['runs'], 'run')}, at "
+             f"most {report['max_probes']} probes per variant, variants in lockstep",
              f"{'variant':28} {'epochs needed':>13} {'timed s':>9} {'vs baseline':>11} {'probes':>6}  search"]
     base = report["variants"][0]["epochs_needed"] if report["variants"] else None
     for v in report["variants"]:
@@ -237,7 +243,7 @@ def to_target_command(args, argv: list[str]) -> int:
         + " ".join(f"{o['variant']}@{o['steps']}" for o in report["order"][:12])
         + (" ..." if len(report["order"]) > 12 else ""))
     for name, count in bad:
-        err(f"speedrun: warning: {name}: {count} run(s) diverged (NaN/inf loss); each made its probe a miss")
+        err(f"speedrun: warning: {name}: {counted(count, 'run')} diverged (NaN/inf loss); each made its probe a miss")
     return EXIT_DIVERGED if bad else 0
 
 
@@ -255,16 +261,16 @@ def eval_command(args, argv: list[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False)
     result, _ = _report_to(getattr(args, "json", None), lambda: evaluate_saved(
         args.model, args.dataset, data_dir=args.data_dir, image_size=args.image_size, device=args.device,
-        log=None if quiet else _log))
+        log=None if quiet else _log, progress=lambda total: EvalProgress(not quiet, total)))
     if result["smoke_test"]:
-        err(_SMOKE_MODEL.format(model=args.model, what="accuracy"))
+        err(_SMOKE_MODEL.format(model=args.model, what="accuracy means"))
     out(f"accuracy {100 * result['accuracy']:.2f}% on {result['dataset']} test ({result['n']} images, "
         f"TTA level {result['tta_level']})" + (" -- a smoke test's model" if result["smoke_test"] else ""))
     return 0
 
 
 _SMOKE_MODEL = ("note: {model} was saved by a smoke test (speedrun train --smoke: a few steps), so its {what} "
-                "mean(s) nothing; train without --smoke for a real model")
+                "nothing; train without --smoke for a real model")
 
 
 def ensemble_eval(args, argv: list[str] | None = None) -> int:
@@ -273,13 +279,14 @@ def ensemble_eval(args, argv: list[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False)
     def make() -> dict:
         report = evaluate_ensemble(args.ensemble, args.dataset, data_dir=args.data_dir, image_size=args.image_size,
-                                   device=args.device, log=None if quiet else _log)
+                                   device=args.device, log=None if quiet else _log,
+                                   progress=lambda total: EvalProgress(not quiet, total))
         return {**report, "command": None if argv is None else shlex.join(["speedrun", *argv])}
 
     report, path = _report_to(getattr(args, "json", None), make)
     for row in report["models"]:
         if row["smoke_test"]:
-            err(_SMOKE_MODEL.format(model=row["model"], what="accuracy"))
+            err(_SMOKE_MODEL.format(model=row["model"], what="accuracy means"))
     e = report["ensemble"]
     width = max(24, *(len(r["model"]) for r in report["models"]))
     out(f"ensemble of {e['n_models']} models on {report['dataset']} test ({report['n']} images, {report['device']})")
@@ -290,7 +297,8 @@ def ensemble_eval(args, argv: list[str] | None = None) -> int:
     ratio = "" if e["time_ratio"] is None else f", {e['time_ratio']:.2f}x"
     out(f"{'ensemble (mean softmax)':{width}} {'':>3} {100 * e['accuracy']:>10.2f} {e['seconds']:>9.3f} "
         f"(+{e['extra_seconds']:.3f} s over one model's mean{ratio})")
-    err(f"timed: {report['timed']}" + (f"; report: {path}" if path else ""))
+    if not quiet:
+        err(f"timed: {report['timed']}" + (f"; report: {path}" if path else ""))
     return 0
 
 
@@ -322,14 +330,14 @@ def predict_command(args) -> int:
 
     def note_smoke(model) -> None:
         if model.smoke_test:
-            err(_SMOKE_MODEL.format(model=args.model, what="predictions"))
+            err(_SMOKE_MODEL.format(model=args.model, what="predictions mean"))
 
     def note_ensemble(models) -> None:
         err(f"note: an ensemble of {len(models)} models ({', '.join(ensemble)}): each probability is the mean of "
             "their softmax")
         for path, model in zip(ensemble, models):
             if model.smoke_test:
-                err(_SMOKE_MODEL.format(model=path, what="predictions"))
+                err(_SMOKE_MODEL.format(model=path, what="predictions mean"))
 
     if ensemble is None:
         predictions = iter_predictions(args.model, images, top=args.top, device=args.device, on_load=note_smoke)
@@ -343,7 +351,7 @@ def predict_command(args) -> int:
             printed += 1
     except ValueError as e:
         if printed:
-            raise ValueError(f"{e} ({printed} of {len(images)} prediction(s) printed above)") from None
+            raise ValueError(f"{e} ({printed} of {counted(len(images), 'prediction')} printed above)") from None
         raise
     return 0
 
@@ -361,7 +369,7 @@ def bench_loader_command(args, argv: list[str] | None = None) -> int:
 
     report, path = _report_to(args.json, make)
     out(f"{args.dir} ({report['split']}, {report['images']:,} images), batch {report['batch']}, "
-        f"{report['batches']} timed batches, {report['runs']} interleaved round(s), {report['device']}")
+        f"{report['batches']} timed batches, {counted(report['runs'], 'interleaved round')}, {report['device']}")
     out(f"{'pipeline':9} {'workers':>7} {'px':>5} {'n':>3} {'images/s':>14} {'start-up s':>10}  ours / baseline")
     for s in report["settings"]:
         out(f"{s['pipeline']:9} {s['workers']:>7} {s['res']:>5} {s['n']:>3} {rate_text(s['summary']):>14} "
@@ -441,7 +449,7 @@ def peak_command(args) -> int:
     name = environment(dev)["device_name"]
     set_cpu_threads(dev, args.threads or 0)  # the fingerprint and the kernels see the count a run would use
     try:
-        found = peak_of(dev, name, again=args.again, log=_log)
+        found, kept = peak_kept(dev, name, again=args.again, log=_log)
     finally:
         set_cpu_threads(dev, 0)
     out(f"{found['fingerprint']}: measured {found['measured_utc']}")
@@ -450,7 +458,8 @@ def peak_command(args) -> int:
         kernels = ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in m["kernels"].items())
         out(f"  {dtype:5} peak {m['flops_per_s'] / 1e9:>12,.1f} GFLOP/s ({kernels})  datasheet: "
             + ("none for this device" if sheet is None else f"{sheet[0] / 1e12:,.1f} TFLOP/s ({sheet[1]})"))
-    err(f"cached in {cache_path()} (speedrun peak --again measures again)")
+    if kept is not None:  # else a warning said why the figures are this command's only
+        err(f"cached in {kept} (speedrun peak --again measures again)")
     return 0
 
 
@@ -458,7 +467,8 @@ def tune_lines(report: dict) -> list[str]:
     t = report["tune"]
     c = t["current"]
     lines = [f"{report['recipe']} on {report['dataset']} ({report['device']}): each setting against the current "
-             f"one, {report['runs']} round(s) after an untimed warm-up of each, {_BALANCED}, ranked by measured gain",
+             f"one, {counted(report['runs'], 'round')} after an untimed warm-up of each, {_BALANCED}, ranked by "
+             "measured gain",
              "current: " + ", ".join(f"{k} {v}" for k, v in c.items() if v is not None),
              f"{'setting':42} {'n':>3} {'time ratio (95% CI)':>26} {'p':>8} {'Δ acc points (95% CI)*':>26}  verdict"]
     for r in t["rows"]:
@@ -499,8 +509,8 @@ def tune_command(args, argv: list[str]) -> int:
                                      # what each setting was measured against: the recipe with these
                                      "against": {"set": overrides, "epochs": args.epochs}})
             written = True
-            err(f"settings: {apply_path} ({len(values)} setting(s); speedrun train {report['recipe']} --settings "
-                f"{apply_path} applies them)")
+            err(f"settings: {apply_path} ({counted(len(values), 'setting')}; speedrun train {report['recipe']} "
+                f"--settings {apply_path} applies them)")
     finally:
         if apply_path is not None and not written:
             release_result_path(apply_path)

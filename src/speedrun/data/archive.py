@@ -18,14 +18,17 @@ import zlib
 from pathlib import Path
 
 from speedrun.data import limits
+from speedrun.errors import clip
 
 # The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB). tarfile
 # recurses once per extended header and each level keeps its payload, so this bounds that chain's memory too.
 _MAX_TAR_READ = 64 << 10
-# Reads of one 512-byte block that tarfile may make per member: its header, a PAX or long-name header and its
-# payload, the last block of its data. A GNU sparse member's extension blocks are read one by one inside tarfile,
-# which keeps 21 entries per block in a list before we see the member (1,000,000 blocks, 21 kB of bzip2, took
-# 1.7 GB): this bounds them.
+# Reads of one 512-byte block that tarfile may make for one member, counted from the member before it: its
+# header, a PAX or long-name header and its payload, the last block of the previous member's data. Two chains are
+# read inside tarfile before we see the member: a GNU sparse member's extension blocks (21 entries a block kept in a
+# list: 1,000,000 blocks, 21 kB of bzip2, took 1.7 GB) and chained PAX headers (tarfile recurses once per header).
+# Counted per member, the cap trips at a chain of 16 blocks, long before the recursion limit, whatever depth of
+# stack or limit the process has: one refusal, whatever the chain.
 _BLOCK_READS_PER_MEMBER = 16
 _BLOCK = 512
 # Member names: CIFAR's are under 40 characters and 2 levels deep. A name of 20,000 levels made tarfile's
@@ -83,6 +86,10 @@ class _Capped:
         self._f, self._cap, self.name = f, cap, name
         self._block_reads, self._max_block_reads = 0, max_block_reads
 
+    def next_member(self) -> None:
+        """A member was handed to us: the count of header blocks starts again for the next one."""
+        self._block_reads = 0
+
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0 or n > self._cap:
             raise ValueError(f"archive {self.name} has a header or read of {n} bytes, over {self._cap}; "
@@ -90,8 +97,7 @@ class _Capped:
         if n == _BLOCK:
             self._block_reads += 1
             if self._block_reads > self._max_block_reads:
-                raise ValueError(f"archive {self.name} has more than {self._max_block_reads} header blocks for its "
-                                 "members (a GNU sparse chain?); it is not a plain tar archive, refusing to extract it")
+                raise ValueError(_chain_refusal(self.name, self._max_block_reads))
         return self._f.read(n)
 
     def seek(self, offset: int, whence: int = 0) -> int:
@@ -99,6 +105,11 @@ class _Capped:
 
     def tell(self) -> int:
         return self._f.tell()
+
+
+def _chain_refusal(name: str, cap: int) -> str:
+    return (f"archive {name} has more than {cap} header blocks for one member (chained extended headers or a GNU "
+            "sparse chain); it is not a plain tar archive, refusing to extract it")
 
 
 def _open_decompressed(path: Path):
@@ -142,11 +153,12 @@ def safe_extract(
     fix = "delete it and download it again, or pass a good copy"
     try:
         with _open_decompressed(tar_path) as raw:
-            stream = _Capped(raw, _MAX_TAR_READ, tar_path.name, _BLOCK_READS_PER_MEMBER * (max_members + 1))
+            stream = _Capped(raw, _MAX_TAR_READ, tar_path.name, _BLOCK_READS_PER_MEMBER)
             # "r:" with our own decompressed stream: tarfile never reads more at once than _Capped allows.
             with tarfile.open(fileobj=stream, mode="r:") as tf:
                 count = total = 0
                 for member in tf:
+                    stream.next_member()
                     count += 1
                     if count > max_members:
                         raise ValueError(f"archive {tar_path.name} has more than {max_members} members; {fix}")
@@ -179,10 +191,9 @@ def _raise_one_line(e: BaseException, tar_path: Path) -> None:
     """Re-raise an extraction failure as the one-line error the user sees; return for anything else."""
     if isinstance(e, getattr(tarfile, "FilterError", ())):  # only if Python's filter is stricter than ours
         raise ValueError(f"archive {tar_path.name} member {_shown(e.tarinfo.name)} refused: "
-                         f"{str(e)[:200]}") from None
-    if isinstance(e, RecursionError):  # tarfile recurses once per chained PAX or GNU long-name header
-        raise ValueError(f"archive {tar_path.name} chains thousands of extended headers; it is not a plain tar "
-                         "archive, refusing to extract it") from None
+                         f"{clip(str(e), 200)}") from None
+    if isinstance(e, RecursionError):  # tarfile recurses once per chained header; the block cap trips first
+        raise ValueError(_chain_refusal(tar_path.name, _BLOCK_READS_PER_MEMBER)) from None
     if isinstance(e, (IsADirectoryError, NotADirectoryError, FileExistsError)):
         raise ValueError(f"archive {tar_path.name} has members that clash (a file and a folder of one name: "
                          f"{e.strerror}); it is damaged or not a dataset archive, delete it") from None

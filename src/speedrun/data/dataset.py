@@ -39,6 +39,9 @@ class Dataset:
     # ("cifar-10-python.tar.gz has md5 ..., not the published ..."); empty for the published files and for datasets
     # named by their path. Cached with the pixels (the check reads every byte once), said by describe().
     unofficial: str = ""
+    # (train, test) images of the source a sample was drawn from (Dataset.sample), None for the whole source: said by
+    # describe(), never cached (a sample is not the dataset).
+    sampled_from: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         # Tensors often come from files (or from a user of the Python API): a wrong type or shape is bad input, so
@@ -82,16 +85,38 @@ class Dataset:
         test_from = f" (from {self.test_from})" if self.test_from else ""
         left_out = f"; {self.left_out}" if self.left_out else ""
         unofficial = f"; not the published files: {self.unofficial}" if self.unofficial else ""
+        sampled = "" if self.sampled_from is None else (
+            f"; a fixed sample of its {self.sampled_from[0]} train / {self.sampled_from[1]} test images")
         return (f"{self.name}: {len(self.train_labels)} train / {len(self.test_labels)} test{test_from}, "
-                f"{c}x{h}x{w}, {self.num_classes} classes{left_out}{unofficial}")
+                f"{c}x{h}x{w}, {self.num_classes} classes{left_out}{unofficial}{sampled}")
 
     def test_sample(self, n: int) -> Dataset:
         """The dataset with the first n test images of a fixed random order (a test folder is class-ordered, so
         its first n would be one class); itself when the test set has n or fewer."""
-        if len(self.test_labels) <= n:
+        return self.sample(len(self.train_labels), n)
+
+    def sample(self, n_train: int, n_test: int) -> Dataset:
+        """The dataset with the first n_train train and n_test test images of each split's fixed random order
+        (sample_order); a split with no more images than asked is kept whole, and nothing asked is itself."""
+        picks = [sample_order(len(y), n) for y, n in ((self.train_labels, n_train), (self.test_labels, n_test))]
+        if picks == [None, None]:
             return self
-        pick = torch.randperm(len(self.test_labels), generator=torch.Generator().manual_seed(0))[:n]
-        return replace(self, test_images=self.test_images[pick], test_labels=self.test_labels[pick])
+        ((train_x, train_y), (test_x, test_y)) = [
+            (x, y) if pick is None else (x[pick], y[pick])
+            for (x, y), pick in zip(((self.train_images, self.train_labels), (self.test_images, self.test_labels)),
+                                    picks)]
+        whole = self.sampled_from or (len(self.train_labels), len(self.test_labels))
+        return replace(self, train_images=train_x, train_labels=train_y, test_images=test_x, test_labels=test_y,
+                       sampled_from=whole)
+
+
+def sample_order(total: int, n: int) -> torch.Tensor | None:
+    """The indices of the first n of a fixed random order of `total` items (seed 0: every call, and every source
+    of one dataset, whether decoded whole or in part, picks the same images), or None when n >= total. Random,
+    not the first n: a split is listed class by class, so its first n would be one class."""
+    if n >= total:
+        return None
+    return torch.randperm(total, generator=torch.Generator().manual_seed(0))[:n]
 
 
 def _describe(v: object) -> str:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Sequence
 
 from speedrun.data import limits
-from speedrun.errors import printable, warn
-from speedrun.paths import in_the_way
+from speedrun.errors import counted, printable, warn
+from speedrun.paths import in_the_way, make_dirs
 
 try:
     import fcntl  # POSIX advisory locks for concurrent downloads; absent on Windows
@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 _CHUNK = 1 << 20  # 1 MiB: big enough to keep urllib and hashlib overhead negligible
+_REDIRECTS = (301, 302, 303, 307, 308)
 # No byte for this long and the mirror counts as stalled: the next one is tried (SPEEDRUN_DOWNLOAD_TIMEOUT).
 DEFAULT_TIMEOUT_S = 30.0
 # Fewer bytes a second than this, on average over twice the timeout, and the mirror counts as too slow: a byte now
@@ -359,7 +360,7 @@ def _not_own(st: os.stat_result) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (a FIFO, socket or device)"
     if st.st_nlink > 1:
-        return f"a file with {st.st_nlink - 1} other name(s) (a hard link)"
+        return f"a file with {counted(st.st_nlink - 1, 'other name')} (a hard link)"
     return None
 
 
@@ -500,7 +501,7 @@ def fetch(
     min_rate = download_min_rate() if min_rate is None else min_rate
     offline_fix = f"put {dest.name} ({algorithm} {checksum}) in {dest.parent} or pass data_dir (--data-dir)"
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(dest.parent)
     except OSError as e:
         blocked = in_the_way(dest.parent)
         if blocked:  # "File exists" / "Not a directory": no permission would help
@@ -695,7 +696,11 @@ def _transfer(url: str, parts: _Parts, checksum: str, timeout: float, min_rate: 
         e.close()
         if e.code == 416 and offset:  # nothing past byte `offset` here: the partial file is not this mirror's file
             return _Failure(f"HTTP 416: it holds no byte {offset}", restart=True)
-        return _Failure(f"HTTP {e.code} {printable(str(e.reason))}")
+        if e.code in _REDIRECTS and urllib.request.HTTPRedirectHandler.inf_msg in str(e.reason):
+            # urllib's own words for it take three lines
+            return _Failure(f"HTTP {e.code}: its redirects go round in a loop, or past "
+                            f"{urllib.request.HTTPRedirectHandler.max_redirections} hops")
+        return _Failure(f"HTTP {e.code} {_words(e.reason)}")
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
         return _Failure(_why(e, timeout))
     with response:
@@ -730,7 +735,7 @@ def _transfer(url: str, parts: _Parts, checksum: str, timeout: float, min_rate: 
             except http.client.IncompleteRead as e:
                 out.write(e.partial)
                 received += len(e.partial)
-                return _Failure(f"the connection closed after {offset + received} of {total} bytes")
+                return _Failure(_cut_short(offset + received, total))
             except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
                 return _Failure(f"{_why(e, timeout)} after {offset + received} bytes")
             if not chunk:
@@ -752,15 +757,26 @@ def _transfer(url: str, parts: _Parts, checksum: str, timeout: float, min_rate: 
                                     f"{min_rate:g} B/s (SPEEDRUN_DOWNLOAD_MIN_RATE), after {offset + received} bytes")
                 window_start, window_received = now, 0
     if total is not None and offset + received < total:
-        return _Failure(f"the connection closed after {offset + received} of {total} bytes")
+        return _Failure(_cut_short(offset + received, total))
     actual = _digest(out, algorithm)  # of the whole file: a resumed file's start came from an earlier transfer
     if actual != checksum:
         # Only this mirror's bytes go: a resumed start stays for the next mirror to continue, as either may be wrong.
         out.seek(offset)
         out.truncate()
+        if total is None:  # no length said, so a close was its end: the bytes may be a cut-short file, not another
+            return _Failure(f"no complete response: it sent {received:,} bytes without a Content-Length and closed, "
+                            f"perhaps cut short; they make {algorithm} {actual}, not the published {checksum}",
+                            restart=offset > 0)
         return _Failure(f"its {dest.name} has {algorithm} {actual}, not the published {checksum}", wrong=True,
                         restart=offset > 0)
     return None
+
+
+def _cut_short(done: int, total: int | None) -> str:
+    """A transfer that ended after `done` bytes of `total` (None: no length was given, as in a chunked one)."""
+    if total is None:
+        return f"no complete response: the connection closed after {done:,} bytes, before its response ended"
+    return f"the connection closed after {done} of {total} bytes"
 
 
 def _why(e: BaseException, timeout: float) -> str:
@@ -768,7 +784,13 @@ def _why(e: BaseException, timeout: float) -> str:
     reason = getattr(e, "reason", e)
     if isinstance(reason, TimeoutError) or isinstance(e, TimeoutError):
         return f"stalled: no data for {timeout:g} s"
-    return printable(str(reason)) or type(e).__name__
+    return _words(reason) or type(e).__name__
+
+
+def _words(reason: object) -> str:
+    """A server's or a library's reason as words on one line: its line breaks are layout, shown as spaces (an
+    escaped \\n would read as part of the text)."""
+    return printable(" ".join(str(reason).split()))
 
 
 def _number(text: str | None) -> int | None:

@@ -256,8 +256,9 @@ def list_images(root: Path) -> Listing:
             if empty:
                 names = ", ".join(classes[i] for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
                 # Every class folder is in train/ and in the test split's folder (checked above).
-                raise ValueError(f"{root / 'train'}: class folder(s) {names} hold no .jpg/.jpeg/.png "
-                                 f"images; add training images or remove the folder from train/ and {test_folder}/")
+                folders, hold = ("folder", "holds") if len(empty) == 1 else ("folders", "hold")
+                raise ValueError(f"{root / 'train'}: class {folders} {names} {hold} no .jpg/.jpeg/.png images; add "
+                                 f"training images or remove the {folders} from train/ and {test_folder}/")
         splits[split] = files
     return Listing(stored, splits, test_folder, left_out)
 

@@ -176,9 +176,15 @@ def check_inferred_classes(train_y: np.ndarray, test_y: np.ndarray, train_path: 
         stray = np.unique(both[both > first])  # the labels beyond the first unused class
         path = train_path if int(train_y.max(initial=0)) > first else test_path
         raise ValueError(
-            f"{path}: label(s) {_ranges(stray.tolist())} leave class(es) {_ranges(empty.tolist())} with no training "
+            f"{path}: {_labels(stray.tolist(), 'label')} {'leaves' if stray.size == 1 else 'leave'} "
+            f"{_labels(empty.tolist(), 'class', 'classes')} with no training "
             f"example (a stray label?); fix the label files so the classes are 0..K-1 and all occur in training"
         )
+
+
+def _labels(values: list[int], one: str, many: str | None = None) -> str:
+    """"label 7", "labels 7..9": the noun for as many values, then the values (_ranges)."""
+    return f"{one if len(values) == 1 else many or one + 's'} {_ranges(values)}"
 
 
 def _ranges(values: list[int], most: int = 6) -> str:

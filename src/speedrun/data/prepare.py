@@ -163,7 +163,8 @@ def read_source(src: Path) -> Source:
     for split, names in folders.items():
         unknown = [n for n in names if n not in label]
         if unknown:
-            raise ValueError(f"{split_dirs[split]} has class folder(s) that train/ has not: "
+            folders = "a class folder" if len(unknown) == 1 else "class folders"
+            raise ValueError(f"{split_dirs[split]} has {folders} that train/ has not: "
                              f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}; labels come from "
                              "train/'s folders: add them there or remove them")
     splits = {}
@@ -179,10 +180,11 @@ def read_source(src: Path) -> Source:
                              "folders; add images or remove the folder")
         if empty:
             # Kept in the index (a label is a position); the imagenet recipes refuse a class they never train on.
-            refused = ("; training refuses a class without training images: add images or remove the folder(s)"
+            refused = ("; training refuses a class without training images: add images or remove the "
+                       f"{'folder' if len(empty) == 1 else 'folders'}"
                        if split == "train" else "")
-            warn(f"{split_dirs[split]}: class folder(s) {', '.join(empty[:5])}"
-                 f"{' ...' if len(empty) > 5 else ''} hold no images{refused}")
+            warn(f"{split_dirs[split]}: {'class folder' if len(empty) == 1 else 'class folders'} {', '.join(empty[:5])}"
+                 f"{' ...' if len(empty) > 5 else ''} {'holds' if len(empty) == 1 else 'hold'} no images{refused}")
         splits[split] = files
     return Source(stored, splits, left_out, beside)
 

@@ -56,7 +56,7 @@ import numpy as np
 from speedrun.data import folder, shards
 from speedrun.data.prepare import (DEFAULT_MAX_SIDE_PX, DEFAULT_QUALITY, SPLITS, SourceFile, check_settings,
                                    fingerprint, prepare_all, read_source, worker_pool)
-from speedrun.errors import escaped_refusals, printable, warn
+from speedrun.errors import counted, escaped_refusals, printable, warn
 from speedrun.paths import in_the_way, make_folder, user_path
 from speedrun.records.result_file import write_text
 
@@ -97,14 +97,14 @@ class SplitReport:
         if self.up_to_date:
             before = f", {self.skipped_before:,} skipped when prepared" if self.skipped_before else ""
             sums = "checksums match" if self.checksums == "match" else "checksums recorded now"
-            return (f"{self.split}: up to date ({self.written:,} images in {self.shards} shard(s), {sums}{before})"
-                    f"{left_out}")
+            return (f"{self.split}: up to date ({counted(self.written, 'image')} in {counted(self.shards, 'shard')}, "
+                    f"{sums}{before}){left_out}")
         rate = self.written / self.seconds if self.seconds > 0 else 0.0
         modes = ", ".join(f"{mode} {n}" for mode, n in sorted(self.converted.items()))
-        done = (f"repaired {', '.join(self.repaired)}: {self.written:,} image(s) prepared again" if self.repaired
+        done = (f"repaired {', '.join(self.repaired)}: {counted(self.written, 'image')} prepared again" if self.repaired
                 else f"{self.written:,} written")
-        text = (f"{self.split}: {done} ({self.bytes / 1e6:.1f} MB in {self.shards} shard(s), "
-                f"{self.seconds:.1f} s, {rate:,.0f} images/s with {self.workers or 'no'} worker process(es)); "
+        text = (f"{self.split}: {done} ({self.bytes / 1e6:.1f} MB in {counted(self.shards, 'shard')}, "
+                f"{self.seconds:.1f} s, {rate:,.0f} images/s with {_workers(self.workers)}); "
                 f"{sum(self.converted.values())} converted to RGB{f' ({modes})' if modes else ''}, "
                 f"{self.rotated} EXIF-rotated, {self.resized} resized, {self.png_named_jpeg} PNG named .jpg/.jpeg; "
                 f"{len(self.skipped)} skipped")
@@ -195,6 +195,7 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
                          "nor deletes files it did not write; choose a new or empty DST")
     source = read_source(src_dir)
     classes, splits = source.classes, source.splits
+    _warn_untrainable(src_dir, str(src), list(splits))
     settings = {"max_side_px": int(max_side_px), "quality": int(quality), "shard_bytes": int(shard_bytes)}
     classes_bytes = (json.dumps(classes, ensure_ascii=False) + "\n").encode("utf-8")
     classes_sha = hashlib.sha256(classes_bytes).hexdigest()
@@ -236,6 +237,31 @@ def prepare_tree(src: str | os.PathLike, dst: str | os.PathLike, *, max_side_px:
     return done_report
 
 
+def _warn_untrainable(src_dir: Path, src: str, splits: list[str]) -> None:
+    """A warning before any image is prepared when the shards will lack what `speedrun train` needs, a train split
+    and a val or test split to score (recipes/imagenet/data.py refuses them only when a run starts): a tree of
+    val/ alone, or of class folders without split folders. Other readers (bench-loader) take them as they are."""
+    if "train" in splits and any(s in splits for s in ("val", "test")):
+        return
+    held = " and ".join(f"{s}/" for s in splits)
+    if "train" not in splits:
+        fix = f"add {src}/train/<class>/<image> beside {held}"
+        what = f"{src} has no train/ folder"
+    elif (src_dir / "train").is_dir():
+        fix, what = f"add {src}/val/<class>/<image> beside train/", f"{src} has no val/ or test/ folder"
+    else:  # SRC/<class>/<image>: read as one split, train
+        fix = f"lay it out as {src}/train/<class>/<image> and {src}/val/<class>/<image>"
+        what = f"{src} holds class folders, not train/ and val/ (or test/) folders"
+    warn(f"{what}, so its shards will hold {'a train split' if held == 'train/' else held} only, which speedrun "
+         f"train refuses (it trains on train/ and scores val/ or test/; bench-loader can still read them); to train "
+         f"on them, {fix}")
+
+
+def _workers(n: int) -> str:
+    """"no worker processes", "1 worker process", "4 worker processes"."""
+    return counted(n, "worker process", "worker processes") if n else "no worker processes"
+
+
 def _write(dst_dir: Path, todo: list[_Job], reports: list[SplitReport], entries: dict, manifest: dict,
            old: dict | None, classes_ok: bool, classes_bytes: bytes, *, workers: int, settings: dict,
            on_error: str, log: Callable[[str], None]) -> None:
@@ -256,8 +282,7 @@ def _write(dst_dir: Path, todo: list[_Job], reports: list[SplitReport], entries:
                                                                 on_error, log):
                         continue
                     job.report = SplitReport(job.split, job.report.images, job.report.ignored, job.report.left_out)
-                    log(f"{job.split}: preparing {len(job.files):,} images with {workers or 'no'} worker "
-                        "process(es)")
+                    log(f"{job.split}: preparing {counted(len(job.files), 'image')} with {_workers(workers)}")
                     _write_split(job, stage, pool, workers, settings, on_error, log)
                 reports[:] = [next((job.report for job in todo if job.split == r.split), r) for r in reports]
                 # Every new split is whole: move them in. The manifest first forgets them, so that a crash while
@@ -545,12 +570,12 @@ def _check_split(dst: Path, split: str, entry: dict, num_classes: int, workers: 
         first = np.concatenate([[0], np.cumsum(per_shard)[:-1]]).astype(int).tolist() if per_shard else []
         rows = [{"sha256": digest, "bytes": size, "samples": n, **({"first": f, "files": n} if exact else {})}
                 for digest, size, n, f in zip(sums[1:], sizes, per_shard, first)]
-        log(f"{split}: recorded the checksums of its {len(paths)} shard(s), prepared by a speedrun that recorded "
-            "none")
+        log(f"{split}: recorded the checksums of its {counted(len(paths), 'shard')}, prepared by a speedrun that "
+            "recorded none")
         return _Check({**entry, "index_sha256": sums[0], "shard_files": rows})
     total = sum(t["bytes"] for t in table)
     if total > _SAY_CHECKING_BYTES:
-        log(f"{split}: checking {len(paths)} shard(s) ({total / 1e9:.1f} GB) against their checksums")
+        log(f"{split}: checking {counted(len(paths), 'shard')} ({total / 1e9:.1f} GB) against their checksums")
     check = _Check(entry, repairable=all("first" in t for t in table))
     expected = [(index_path, None, entry["index_sha256"]),
                 *((p, t["bytes"], t["sha256"]) for p, t in zip(paths, table))]  # the index as number -1 + 1
@@ -609,8 +634,8 @@ def _repair_split(job: _Job, dst: Path, stage: Path, pool: cf.ProcessPoolExecuto
         rows[k] = shards.write_shard(samples, stage, job.split, k, sum(t["samples"] for t in table[:k]))
         job.staged.append(k)
         if len(rows[k]) != table[k]["samples"]:
-            log(f"{job.split}: {shards.shard_name(job.split, k)} came out with {len(rows[k]):,} image(s) where it "
-                f"had {table[k]['samples']:,}: its source files changed; preparing the whole split again")
+            log(f"{job.split}: {shards.shard_name(job.split, k)} came out with {counted(len(rows[k]), 'image')} "
+                f"where it had {table[k]['samples']:,}: its source files changed; preparing the whole split again")
             job.staged.clear()
             return False
     old = None

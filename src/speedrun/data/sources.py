@@ -2,7 +2,8 @@
 
 Named datasets are downloaded once (MD5-verified, from the first of their mirrors that gives the file:
 `download.mirror_urls`) into `<cache_dir>/downloads/`; every decoded dataset
-except `synthetic` is then saved as one torch file in `<cache_dir>/cache/` and read from there next time.
+except `synthetic` is then saved as one torch file in `<cache_dir>/cache/` and read from there next time (a sample
+of an image folder, a smoke test's, is decoded alone and never cached: a cache file stands for the whole source).
 The cache (`cache.py`) is keyed by a fingerprint of the source, so editing an image folder or swapping files in
 --data-dir rebuilds it.
 """
@@ -24,7 +25,7 @@ import torch
 from speedrun.data import cifar, folder, idx, limits, synthetic
 from speedrun.data.archive import safe_extract
 from speedrun.data.cache import CACHED_AFTERWARDS, cache_path, cached, fingerprint_files
-from speedrun.data.dataset import Dataset, check_data_limit, check_dataset
+from speedrun.data.dataset import Dataset, check_data_limit, check_dataset, sample_order
 from speedrun.data.download import Remote, fetch, md5_file, mirror_urls
 from speedrun.errors import escaped_log, escaped_refusals, printable, warn
 from speedrun.paths import data_root, make_folder, user_path
@@ -48,6 +49,7 @@ def load_dataset(
     download: bool = True,
     log: Log | None = None,
     image_size: int | None = None,
+    sample: tuple[int, int] | None = None,
 ) -> Dataset:
     """Load a dataset by name (cifar10, cifar100, mnist, fashion-mnist, kmnist, synthetic[:k=v,...]) or path.
 
@@ -63,6 +65,9 @@ def load_dataset(
     what it refuses is.
     image_size: image folders only: scale every image so its shorter side is this many pixels, then centre-crop
     it square. Without it, the images of a folder must share one size.
+    sample: (train, test): only that many images of each split, Dataset.sample's (a smoke test's). An image folder
+    then decodes those images alone, and neither reads nor writes the cache: a cache file stands for the whole
+    folder, and the few images cost less to decode than the cache to read.
     Every dataset returned, from the cache or freshly read, has passed `check_dataset` and `check_data_limit`.
     """
     for name, value in (("dataset", spec), ("data_dir", data_dir), ("cache_dir", cache_dir)):
@@ -77,16 +82,16 @@ def load_dataset(
         if image_size is not None:
             raise ValueError("image_size (--image-size) applies to image folders only, not to synthetic data; "
                              "leave it out and set the spec's shape=3xNxN instead")
-        return _accept(synthetic.make(text), text)
+        return _accept(_sampled(synthetic.make(text), sample), text)
     cache_root = data_root(cache_dir, "cache_dir")
     if lowered in SOURCES:
         if image_size is not None:
             raise ValueError(f"image_size (--image-size) applies to image folders only, not to {lowered}; leave it "
                              "out")
-        return _accept(_load_named(lowered, data_dir, cache_root, download, log), lowered)
+        return _accept(_sampled(_load_named(lowered, data_dir, cache_root, download, log), sample), lowered)
     path = user_path(text, "--dataset")
     if text and _exists(path):
-        return _accept(_load_path(path, cache_root, log, image_size), str(path))
+        return _accept(_load_path(path, cache_root, log, image_size, sample), str(path))
     raise ValueError(
         f"unknown dataset {text!r}: use one of {', '.join(SOURCES)}, synthetic or synthetic:key=val,..., "
         f"or a path that exists (image folder with train/ and test/ or val/, CIFAR batches or .tar.gz, IDX files)"
@@ -95,6 +100,10 @@ def load_dataset(
 
 def _accept(ds: Dataset, source: str) -> Dataset:
     return check_data_limit(check_dataset(ds, source), source)
+
+
+def _sampled(ds: Dataset, sample: tuple[int, int] | None) -> Dataset:
+    return ds if sample is None else ds.sample(*sample)
 
 
 def _check_image_size(image_size: object) -> int | None:
@@ -324,7 +333,8 @@ def _detect(path: Path) -> _Found:
     )
 
 
-def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = None) -> Dataset:
+def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = None,
+               sample: tuple[int, int] | None = None) -> Dataset:
     found = _detect(path)
     if image_size is not None and found.kind != "folder":
         holds = "a CIFAR archive" if found.kind == "archive" else f"{found.kind} files"
@@ -337,7 +347,31 @@ def _load_path(path: Path, cache_root: Path, log: Log, image_size: int | None = 
     # Escaped once, as a stored name: results, the cache and model cards keep it (a folder name that is not UTF-8
     # could not be written as UTF-8), and every message shows it as it is stored.
     name = found.kind if found.kind in cifar.ARCHIVE_NAMES else printable(base) or "dataset"
-    return _load_found(found, cache_root, log, name=name, classes=(), image_size=image_size)
+    if found.kind == "folder" and sample is not None:
+        return _folder_sample(found.path, log, name, image_size, sample)
+    return _sampled(_load_found(found, cache_root, log, name=name, classes=(), image_size=image_size), sample)
+
+
+def _folder_sample(root: Path, log: Log, name: str, image_size: int | None, sample: tuple[int, int]) -> Dataset:
+    """Dataset.sample of the image folder at `root`, decoding only the images it keeps: the same images, in the same
+    order, as sampling the whole folder's dataset (the listing's order is the dataset's), and the same pixels but
+    where a folder mixes grey and colour images and the sample drew grey ones alone (decode makes those one
+    channel). Never cached."""
+    listing = folder.list_images(root)
+    picked = []
+    for split, n in zip(("train", "test"), sample):
+        files = listing.splits[split]
+        order = sample_order(len(files), n)
+        picked.append(files if order is None else [files[i] for i in order.tolist()])
+    train, test = picked
+    log(f"decoding {len(train) + len(test)} of {sum(len(f) for f in listing.splits.values())} images from {root} "
+        "(a sample; not cached)")
+    x = folder.decode([f.path for f in train + test], image_size=image_size, source=str(root))
+    labels = [np.array([f.label for f in files], np.int64) for files in (train, test)]
+    ds = _dataset(name, x[: len(train)], labels[0], x[len(train) :], labels[1], listing.classes)
+    whole = (len(listing.splits["train"]), len(listing.splits["test"]))
+    return replace(ds, test_from="" if listing.test_folder == "test" else f"{listing.test_folder}/",
+                   left_out=listing.left_out.text(), sampled_from=None if whole == (len(train), len(test)) else whole)
 
 
 def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes: tuple[str, ...],

@@ -30,6 +30,7 @@ import safetensors.torch
 import torch
 
 from speedrun.data import limits
+from speedrun.paths import make_dirs
 
 CHECKPOINT_FORMAT = "speedrun-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -185,7 +186,7 @@ def save_checkpoint(directory: str | Path, run: int, step: int, state: dict, met
                          "--checkpoint-dir, or move the file away")
     tmp = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory)
         fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".part", dir=directory)
         os.close(fd)
         safetensors.torch.save_file({str(i): t for i, t in enumerate(tensors)}, tmp, metadata=metadata)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,8 +21,8 @@ from speedrun import dist
 from speedrun.data.loader import normalize
 from speedrun.engine.phases import phase
 from speedrun.engine.system import rng_state, set_rng_state, synchronize
-from speedrun.errors import Terminated
-from speedrun.tricks.tta import selective_tta_logits, tta_logits
+from speedrun.errors import Terminated, counted
+from speedrun.tricks.tta import VIEWS, selective_tta_logits, tta_logits
 
 
 @dataclass
@@ -105,30 +107,78 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
 
-    def interrupt(self) -> KeyboardInterrupt:
+    def interrupt(self, in_step: bool = True) -> KeyboardInterrupt:
         """The exception that ends the command: Terminated (exit 143) for SIGTERM, else KeyboardInterrupt (130).
         `in_step`: every process stops at this same step (FiniteLossGuard agrees on it), so they may wait for each
         other on the way out (dist.shutdown)."""
         exc = Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
-        exc.in_step = True
+        exc.in_step = in_step
         return exc
 
 
 @contextlib.contextmanager
-def signals_handled_by(handler):
+def signals_handled_by(handler, acknowledge: Callable[[int], str] | None = None):
     """Inside the block, SIGINT and SIGTERM call `handler(signum, frame)` instead of interrupting; the previous
     handlers come back after it. Python-level handlers, not a signal mask: torch's threads would take a
     process-directed signal that the main thread blocks. Only the main thread may set handlers; elsewhere this
-    changes nothing."""
+    changes nothing.
+
+    acknowledge(signum) -> a line for stderr, written once, at the first of the two signals, at once: Python runs a
+    handler only between two lines of Python, and a CPU backward is one call of seconds. The interpreter's C-level
+    handler writes each signal's number to a pipe (signal.set_wakeup_fd) that a thread waits on; torch releases
+    the GIL inside its calls, so the thread writes the line while the call runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    stack = contextlib.ExitStack()
     try:
-        yield
+        if acknowledge is not None:
+            stack.enter_context(_acknowledged(acknowledge))
+        with stack:
+            yield
     finally:
         for s, old in previous.items():
             signal.signal(s, signal.SIG_DFL if old is None else old)  # None: a handler set outside Python
+
+
+@contextlib.contextmanager
+def _acknowledged(acknowledge: Callable[[int], str]):
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # the C handler must never wait on a full pipe
+    try:
+        old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # a wakeup fd that cannot be set (an embedding interpreter): no acknowledgement
+        os.close(read_end), os.close(write_end)
+        yield
+        return
+
+    def watch() -> None:
+        said = False
+        while chunk := os.read(read_end, 64):
+            for signum in chunk:  # in the order they came: a signal just before the block ended is said too
+                if signum == 0:  # our own end-of-block byte (a forked loader worker may hold the write end open)
+                    return
+                if not said and signum in (signal.SIGINT, signal.SIGTERM):
+                    said = True
+                    if os.environ.get("RANK", "0") != "0":  # torchrun signals every process; one line will do
+                        continue
+                    with contextlib.suppress(Exception):  # stderr closed: the signal still stops the run
+                        sys.stderr.write(acknowledge(signum) + "\n")
+                        sys.stderr.flush()
+
+    watcher = threading.Thread(target=watch, name="speedrun-signal-ack", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        with contextlib.suppress(OSError):
+            os.write(write_end, b"\0")
+        watcher.join(timeout=1)
+        os.close(write_end)
+        if not watcher.is_alive():
+            os.close(read_end)  # else the daemon thread still reads it; it ends with the process
 
 
 def signals_held():
@@ -138,19 +188,35 @@ def signals_held():
 
 
 @contextlib.contextmanager
-def stop_at_step_end():
+def stop_at_step_end(keep_state: bool = True):
     """Inside the block, SIGINT and SIGTERM do not interrupt: they are recorded in the yielded StopRequest, and the
     loop stops after its current step, with a consistent state to checkpoint (an exception mid-step would leave the
     optimizers half-stepped). Later signals change nothing: the run is already stopping, and torchrun forwards the
-    terminal's Ctrl-C to its workers a second time. Off the main thread signals keep their usual effect."""
+    terminal's Ctrl-C to its workers a second time. Off the main thread signals keep their usual effect.
+
+    keep_state=False (one process, no checkpoint folder: nothing will keep this run's state): the first signal
+    ends the run at once instead, at the end of the torch call that is running; a CPU step of seconds is not
+    finished for nothing (`timeout -k 5` would kill it silently). Either way the signal is acknowledged on stderr
+    at once."""
     request = StopRequest()
 
     def record(signum, frame):
         if request.signum is None:
             request.signum = signum
+            if not keep_state:
+                raise request.interrupt(in_step=False)
 
-    with signals_handled_by(record):
+    with signals_handled_by(record, acknowledge=lambda signum: stop_line(signum, keep_state)):
         yield request
+
+
+def stop_line(signum: int, keep_state: bool) -> str:
+    """What the user sees at once when a signal arrives during training (rank 0 speaks for a torchrun job)."""
+    name = signal.Signals(signum).name
+    then = ("finishing the current step, then stopping with its state kept" if keep_state else
+            "stopping when the running torch call returns (a CPU backward may take seconds); the runs that "
+            "finished are kept")
+    return f"speedrun: {name} received: {then}"
 
 
 class FiniteLossGuard:
@@ -389,13 +455,14 @@ def untimed_warmup(device: torch.device, compile: bool, run: Callable[[], object
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
              std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,
              batch_size: int = 2000, autocast=None, world: dist.World | None = None,
-             tta_select: float | None = 0.0) -> float:
+             tta_select: float | None = 0.0, on_batch: Callable[[int], object] | None = None) -> float:
     """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device.
 
     Under torchrun each process scores a contiguous 1/K of the images and the counts are summed. `model` must be
     the bare (or compiled) module, not DDP's wrapper, whose forward would synchronize buffers across processes
     that run different numbers of batches here. tta_select in (0, 1): selective TTA (tricks/tta.py), the views for
     that fraction of the images scored here (of each process's share under torchrun), least confident first.
+    on_batch(p) after each batch: the forward passes of one image it made (tricks/tta.py's passes), for progress.
     """
     world = world or dist.World()
     n = len(images)
@@ -411,7 +478,8 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
 
             if hi > lo:  # under torchrun with fewer test images than processes, a share may hold none
                 with amp():
-                    logits = selective_tta_logits(model, inputs, hi - lo, tta_level, tta_select, batch_size)
+                    logits = selective_tta_logits(model, inputs, hi - lo, tta_level, tta_select, batch_size,
+                                                  on_batch)
                 counts[0] += (logits.argmax(1) == labels[lo:hi]).sum()
                 counts[1] += hi - lo
         else:
@@ -422,6 +490,8 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
                     logits = tta_logits(model, x, tta_level)
                 counts[0] += (logits.argmax(1) == labels[start:stop]).sum()
                 counts[1] += stop - start
+                if on_batch is not None:
+                    on_batch((stop - start) * VIEWS[tta_level])
         model.train(was_training)
         dist.sum_(counts, world)
         correct, seen = counts.tolist()
@@ -434,11 +504,11 @@ def run_notes(*, smoke: bool, steps: int, batch_size: int, n_test: int, views: i
     set (views forward passes per image, plus the per-epoch table's single-view evaluations) is more work than
     training, as it is in short CPU runs, with the quicker path."""
     if smoke:
-        return [f"smoke test: {steps} step(s) of {batch_size}, {n_test} test images, no TTA: this checks that the "
-                "pipeline runs; its accuracy is not a result"]
+        return [f"smoke test: {counted(steps, 'step')} of {batch_size}, {n_test} test images, no TTA: this checks "
+                "that the pipeline runs; its accuracy is not a result"]
     eval_passes = n_test * views + n_test * table_evaluations
     train_passes = 3 * steps * batch_size  # a training step costs about three forward passes
     if eval_passes <= train_passes:
         return []
-    return [f"note: scoring {n_test} test images x {views} TTA view(s) is more work than the training itself "
-            f"({steps} step(s) of {batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]
+    return [f"note: scoring {n_test} test images x {counted(views, 'TTA view')} is more work than the training itself "
+            f"({counted(steps, 'step')} of {batch_size}); for a quick check of the pipeline use smoke=True (--smoke)"]

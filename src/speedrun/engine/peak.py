@@ -11,7 +11,7 @@ sparsity) is shown beside it where the table below has the device; an unknown de
 from __future__ import annotations
 
 import json
-import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -21,10 +21,10 @@ import torch
 
 from speedrun.engine.flops import count as count_flops
 from speedrun.engine.system import synchronize
-from speedrun.errors import warn
+from speedrun.errors import clip, counted, warn
 from speedrun.paths import data_root
 from speedrun.records import debug_apis
-from speedrun.records.result_file import read_bounded, write_json
+from speedrun.records.result_file import read_bounded, unencodable, write_json
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_CACHE_BYTES = 1 << 20  # the cache is a file from elsewhere too: a few KiB in use, read no further than this
@@ -46,8 +46,19 @@ DATASHEETS = [
      {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
     (r"^Tesla V100-SXM2", "NVIDIA V100 datasheet (2020), SXM2", {"fp32": 15.7, "fp16": 125.0}),
 ]
-# A measured rate outside this range (FLOP/s) is not a measurement of any device: a damaged cache.
-PLAUSIBLE_FLOPS = (1e6, 1e17)
+# A measured rate outside this range (FLOP/s) is not a measurement of any device: a damaged cache. The floor bounds a
+# peak from below as CPU_FLOPS_PER_THREAD bounds it from above: no device speedrun trains on does less than ~1
+# GFLOP/s in a dense fp32 or bf16 matmul or convolution (one thread of a 2010 laptop CPU does several), and a peak
+# below what a run achieves would report an MFU over 100% (a 2 MFLOP/s entry made a tiny CPU run "74,950%").
+PLAUSIBLE_FLOPS = (1e9, 1e17)
+# The most a device's hardware can do, so that a cached peak above it is refused: one that was not measured here (a
+# file edited by hand, copied from another machine, written to mislead) would shrink every MFU computed against it.
+# Generous on purpose, as a bound, not an estimate. A CPU thread (on its own core): the widest matrix units shipping
+# do 1,024 dense bf16 multiply-adds a cycle per core (Intel AMX), 2,048 FLOP, at 6 GHz at most. A CUDA SM: Hopper
+# does 4,096 dense bf16 FLOP a clock per SM (989 TFLOP/s over 132 SMs at 1.83 GHz), Blackwell about twice that;
+# 16,384 at 3 GHz leaves twice that again. A 2-core CPU is thus held to 24.6 TFLOP/s (its real bf16 matmul: ~0.2).
+CPU_FLOPS_PER_THREAD = 2048 * 6e9
+CUDA_FLOPS_PER_SM = 16384 * 3e9
 
 
 def tf32_on() -> bool:
@@ -124,11 +135,15 @@ def measure(device: torch.device, log: Callable[[str], None] = lambda line: None
             for kernel, run in kernels(device, dtype).items():
                 rates[kernel] = count_flops(run) / _time(run, device)
         except (RuntimeError, NotImplementedError) as e:  # a dtype this device or build cannot run
-            log(f"{name}: not measured ({type(e).__name__}: {str(e)[:80]})")
+            log(f"{name}: not measured ({type(e).__name__}: {clip(str(e), 120)})")
             continue
         best = max(rates, key=rates.get)
-        out[name] = {"flops_per_s": rates[best], "kernel": best, "kernels": rates}
         log(f"{name}: " + ", ".join(f"{k} {v / 1e9:,.1f} GFLOP/s" for k, v in rates.items()))
+        if not _rate(rates[best]):  # what cached() refuses as no device's peak is never cached, nor an MFU's base
+            log(f"{name}: not kept as a peak: below the {PLAUSIBLE_FLOPS[0] / 1e9:g} GFLOP/s any device speedrun "
+                "trains on does")
+            continue
+        out[name] = {"flops_per_s": rates[best], "kernel": best, "kernels": rates}
     return out
 
 
@@ -137,15 +152,17 @@ def _fp16_native_cpu() -> bool:
     return bool(probe()) if callable(probe) else False
 
 
-def _read_cache(path: Path) -> dict:
-    """The cache's entries, or {} for a missing, oversized, unreadable or malformed file (warned, then measured
-    again: a cache is never trusted over a measurement)."""
+def _read_cache(path: Path, then: str | None) -> dict:
+    """The cache's entries, or {} for a missing, oversized, unreadable or malformed file: a cache is never trusted
+    over a measurement. Such a file is warned of, with `then` (what the caller does instead), unless `then` is None
+    (read again to be written: the reader warned)."""
     try:
         raw = read_bounded(path, MAX_CACHE_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as e:
-        warn(f"peak cache {path}: {e.strerror or e}; measuring again")
+        if then is not None:
+            warn(f"peak cache {path}: {e.strerror or e}; {then}")
         return {}
     try:
         if len(raw) > MAX_CACHE_BYTES:
@@ -154,86 +171,165 @@ def _read_cache(path: Path) -> dict:
         if not isinstance(entries, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        warn(f"peak cache {path} is not usable ({str(e)[:80]}); measuring again")
+        if then is not None:
+            why = "JSON nested too deep to read" if isinstance(e, RecursionError) else clip(str(e), 160)
+            warn(f"peak cache {path} is not usable ({why}); {then}")
         return {}
     return entries
 
 
-def _rate(value: object) -> bool:
-    low, high = PLAUSIBLE_FLOPS
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and low <= value <= high)
+def _rate(value: object, low: float = PLAUSIBLE_FLOPS[0]) -> bool:
+    """Whether a cached `value` is a FLOP/s figure above 0, from `low` to PLAUSIBLE_FLOPS' top. Compared, never
+    converted: JSON gives an int of any size (math.isfinite of a 401-digit int raises OverflowError), a string or a
+    bool as readily, and NaN and inf fail the comparison."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value
+            and low <= value <= PLAUSIBLE_FLOPS[1])
 
 
-def _valid(entry: object) -> bool:
-    """A cached measurement exactly as measure() writes it: each dtype's peak, its kernel's name and every kernel's
-    rate, each rate a plausible finite number."""
+def ceiling(device: torch.device, threads: int | None = None) -> float | None:
+    """The most FLOP/s `device` can do (CPU_FLOPS_PER_THREAD, CUDA_FLOPS_PER_SM), at `threads` CPU threads (default
+    the current count; no more than the CPUs count); None where no bound is known (MPS)."""
+    if device.type == "cpu":
+        return min(threads or torch.get_num_threads(), os.cpu_count() or 1) * CPU_FLOPS_PER_THREAD
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count * CUDA_FLOPS_PER_SM
+    return None
+
+
+def _problem(entry: object, key: str, most: float | None) -> str | None:
+    """What makes a cached measurement unusable, or None: it must be exactly as measure() writes it for this
+    fingerprint `key` (each dtype's peak the fastest of its kernels' rates, each rate a finite number in
+    PLAUSIBLE_FLOPS) and claim no more than `most` FLOP/s (`ceiling`)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("dtypes"), dict) or not entry["dtypes"]:
-        return False
+        return "no dtypes"
+    if entry.get("fingerprint") != key or not isinstance(entry.get("measured_utc"), str):
+        return "its fingerprint or measured_utc is not what a measurement here writes"
+    where = unencodable(entry)
+    if where is not None:  # a result that records the peak (its kernel's name, profile's whole entry) would be lost
+        return f"the string at {where} is no text UTF-8 can hold"
     for name, value in entry["dtypes"].items():
-        if name not in DTYPES or not isinstance(value, dict) or not _rate(value.get("flops_per_s")):
-            return False
-        kernels = value.get("kernels")
-        if not isinstance(value.get("kernel"), str) or not isinstance(kernels, dict) or not kernels or \
-                not all(isinstance(k, str) and len(k) <= 40 and _rate(v) for k, v in kernels.items()):
-            return False
-    return isinstance(entry.get("fingerprint"), str) and isinstance(entry.get("measured_utc"), str)
+        if name not in DTYPES or not isinstance(value, dict):
+            return f"dtype {clip(repr(name), 40)} is not one measured"
+        rate, kernels = value.get("flops_per_s"), value.get("kernels")
+        if not _rate(rate):
+            return f"its {name} peak {clip(repr(rate), 40)} is not a rate in {PLAUSIBLE_FLOPS[0]:g} to " \
+                   f"{PLAUSIBLE_FLOPS[1]:g} FLOP/s"
+        if not isinstance(kernels, dict) or not kernels or \
+                not all(isinstance(k, str) and len(k) <= 40 and _rate(v, 0.0) for k, v in kernels.items()):
+            return f"its {name} kernels are not rates by kernel name"
+        if value.get("kernel") not in kernels or rate != kernels[value["kernel"]] or rate != max(kernels.values()):
+            rates = ", ".join(f"{k} {v / 1e9:,.1f}" for k, v in list(kernels.items())[:4])
+            return f"its {name} peak {rate / 1e9:,.1f} GFLOP/s is not the fastest of its kernels' ({rates} GFLOP/s)"
+        if most is not None and rate > most:
+            return (f"its {name} peak {rate / 1e12:,.1f} TFLOP/s is more than this device can do, "
+                    f"{most / 1e12:,.1f} TFLOP/s at most")
+    return None
 
 
-def cached(device: torch.device, device_name: str | None, threads: int | None = None) -> dict | None:
-    """This device's cached measurement (at `threads` CPU threads; default the current count), or None."""
-    entry = _read_cache(cache_path()).get(fingerprint(device, device_name, threads))
-    return entry if _valid(entry) else None
+def cached(device: torch.device, device_name: str | None, threads: int | None = None, *,
+           then: str = "not used; run speedrun peak to measure this device again") -> dict | None:
+    """This device's cached measurement (at `threads` CPU threads; default the current count), or None. An entry
+    for it that is not a measurement of it (_problem) is never used: a warning names the file, the reason and
+    `then` (what the caller does instead)."""
+    path, key = cache_path(), fingerprint(device, device_name, threads)
+    entries = _read_cache(path, then)
+    if key not in entries:
+        return None
+    why = _problem(entries[key], key, ceiling(device, threads))
+    if why is not None:
+        warn(f"peak cache {path}: the entry for {key} is not a measurement of this device ({why}); {then}")
+        return None
+    return entries[key]
 
 
 def peak(device: torch.device, device_name: str | None, *, again: bool = False,
          log: Callable[[str], None] = lambda line: None) -> dict:
     """This device's peaks, measured now (and cached) unless the cache has them and not `again`:
     {"fingerprint", "measured_utc", "dtypes": {dtype: {...}}}."""
+    return peak_kept(device, device_name, again=again, log=log)[0]
+
+
+def peak_kept(device: torch.device, device_name: str | None, *, again: bool = False,
+              log: Callable[[str], None] = lambda line: None) -> tuple[dict, Path | None]:
+    """(peak()'s answer, the cache file that holds it), the file None where the answer is in none: a measurement
+    that could not be cached (a warning said why). `speedrun peak` says where its figures are kept from this."""
     key = fingerprint(device, device_name)
     if not again:
-        found = cached(device, device_name)
+        found = cached(device, device_name, then="measuring again")
         if found is not None:
-            return found
+            return found, cache_path()
     entry = {"fingerprint": key, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "dtypes": measure(device, log)}
     slowed = debug_apis.active(device)
     if slowed:  # a peak measured slowed down would flatter every later MFU: used now, never cached
-        warn(f"peak not cached: measured with {len(slowed)} debugging switch(es) on ({slowed[0][:80]})")
-        return entry
+        warn(f"peak not cached: measured with {counted(len(slowed), 'debugging switch', 'debugging switches')} on "
+             f"({clip(slowed[0], 120)})")
+        return entry, None
+    if not entry["dtypes"]:  # cached(), which refuses an entry of no dtypes, would warn of it on every read
+        warn("peak not cached: no dtype could be measured on this device")
+        return entry, None
     path = cache_path()
-    entries = _read_cache(path)
+    entries = _read_cache(path, "writing a new one" if again else None)  # not again: cached() has said it
     entries[key] = entry
     try:
         write_json(path, entries)
     except OSError as e:
         warn(f"peak cache {path} not written ({e.strerror or e}); the measurement is used for this command only")
-    return entry
+        return entry, None
+    return entry, path
 
 
 def mfu(flops_per_s: float, peaks: dict | None, dtype: str, device_name: str | None) -> dict:
     """Achieved FLOP/s against this device's measured peak for `dtype` (None where not measured) and the
-    datasheet's (None where the table has no entry)."""
+    datasheet's (None where the table has no entry). A utilization over 1 is no utilization: the peak it divides
+    by is not this device's (a cache edited or copied from elsewhere, a measurement slowed by other work), so it is
+    None, with a warning (_impossible); the peak itself is kept in the record, as found."""
     measured = (peaks or {}).get("dtypes", {}).get(dtype)
     sheet = datasheet(device_name, dtype, tf32=tf32_on())
+    of_measured = None if measured is None else flops_per_s / measured["flops_per_s"]
+    if of_measured is not None and of_measured > 1:
+        _impossible(f"the measured {dtype} peak, {measured['flops_per_s'] / 1e9:,.1f} GFLOP/s,",
+                    f"run speedrun peak --again to measure this device again into the peak cache {cache_path()} (on "
+                    "a CPU with --threads as the run's cpu_threads)")
+        of_measured = None
+    of_sheet = None if sheet is None else flops_per_s / sheet[0]
+    if of_sheet is not None and of_sheet > 1:
+        _impossible(f"the datasheet's {dtype} peak for {device_name}, {sheet[0] / 1e12:,.1f} TFLOP/s ({sheet[1]}),",
+                    "the table in speedrun/engine/peak.py does not hold this device's figure")
+        of_sheet = None
     return {"dtype": dtype, "achieved_flops_per_s": flops_per_s,
             "measured_peak_flops_per_s": None if measured is None else measured["flops_per_s"],
             "measured_peak_kernel": None if measured is None else measured["kernel"],
-            "mfu_measured": None if measured is None else flops_per_s / measured["flops_per_s"],
+            "mfu_measured": of_measured,
             "datasheet_peak_flops_per_s": None if sheet is None else sheet[0],
             "datasheet_source": None if sheet is None else sheet[1],
-            "mfu_datasheet": None if sheet is None else flops_per_s / sheet[0]}
+            "mfu_datasheet": of_sheet}
+
+
+def _impossible(peak_named: str, fix: str) -> None:
+    # Called from mfu alone, so that each of its warnings comes from one place (errors.warn names the frame two up,
+    # mfu's line that calls this): with the same text, Python's "default" warning filter, the CLI's, then shows it
+    # once for a command that computes an MFU more than once (profile's training and evaluation steps, a result's
+    # file after every run and its summary).
+    warn(f"{peak_named} is below what this run achieved, so it is no peak of this device: no MFU against it is "
+         f"reported (it would be over 100%); {fix}")
 
 
 def mfu_text(m: dict) -> str:
     """One line: 'MFU 23.4% of the measured bf16 peak (214.0 GFLOP/s, matmul); datasheet: none for this device'."""
     achieved = f"achieved {m['achieved_flops_per_s'] / 1e9:,.1f} GFLOP/s"
-    if m["mfu_measured"] is None:
+    if m["mfu_measured"] is None and m.get("measured_peak_flops_per_s") is not None:  # mfu: below `achieved`
+        head = (f"{achieved}; the measured {m['dtype']} peak, {m['measured_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, "
+                "is below it: no peak of this device (speedrun peak --again measures again)")
+    elif m["mfu_measured"] is None:
         head = (f"{achieved}; no measured {m['dtype']} peak for this device (run speedrun peak; on a CPU with "
                 "--threads as the run's cpu_threads)")
     else:
         head = (f"{achieved} = MFU {100 * m['mfu_measured']:.1f}% of the measured {m['dtype']} peak "
                 f"({m['measured_peak_flops_per_s'] / 1e9:,.1f} GFLOP/s, {m['measured_peak_kernel']})")
+    if m["mfu_datasheet"] is None and m.get("datasheet_peak_flops_per_s") is not None:  # mfu: below `achieved`
+        return head + (f"; the datasheet's {m['datasheet_peak_flops_per_s'] / 1e12:,.1f} TFLOP/s "
+                       f"({m['datasheet_source']}) is below it: not this device's figure")
     if m["mfu_datasheet"] is None:
         return head + "; datasheet: none for this device"
     return (head + f"; {100 * m['mfu_datasheet']:.1f}% of the datasheet's "

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from speedrun.errors import counted
 from speedrun.tricks.precision import (DTYPES, autocast, maybe_compile, resolve_channels_last, resolve_half_weights,
                                        resolve_precision, set_cpu_threads, set_cudnn_benchmark, to_channels_last,
                                        to_half_weights)
@@ -81,8 +82,8 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name}: CUDA is not available to this torch ({torch.__version__}); "
                          "use device cpu or auto (--device cpu)")
     if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
-        raise ValueError(f"device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered from "
-                         "0; use --device cuda or cuda:0")
+        raise ValueError(f"device {name}: this machine has {counted(torch.cuda.device_count(), 'CUDA device')}, "
+                         "numbered from 0; use --device cuda or cuda:0")
     if name == "mps" and not _mps_available():
         raise ValueError("device mps: Apple MPS is not available here; use device cpu or auto (--device cpu)")
     return torch.device(name)

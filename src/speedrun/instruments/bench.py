@@ -31,8 +31,8 @@ from speedrun.engine.system import resolve_device, resolve_system
 from speedrun.errors import note_kept, print_line, warn
 from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
-from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
-                                          write_json)
+from speedrun.records.result_file import (check_result_path, claim_result_path, default_result_path, portable,
+                                          release_result_path, write_json)
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, mean_diff_test, summarize
 from speedrun.run import runner
 from speedrun.run import tensorboard as boards
@@ -260,10 +260,19 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
     world = dist.init(world, dist.device_for(world, resolve_device(device)))
 
     def claim():
-        conn = db.connect(db_path)
+        # The report file before the database (a path given claimed, the default's folder checked): a report path
+        # that cannot be claimed must not leave a new database behind.
+        path = None if json_path is None else claim_result_path(json_path)
         try:
-            return conn, (claim_result_path(json_path) if json_path is not None else
-                          default_result_path(f"{kind}-{recipe}", dataset or "default"))
+            if path is None:
+                check_result_path(None)
+            conn = db.connect(db_path)
+        except BaseException:
+            if path is not None:
+                release_result_path(path)
+            raise
+        try:
+            return conn, path or default_result_path(f"{kind}-{recipe}", dataset or "default")
         except BaseException:
             conn.close()
             raise
@@ -295,10 +304,12 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
                 for result in report["results"]:
                     db.insert_result(conn, result)
                 stored = db.insert_result(conn, report)
-            except ValueError as e:  # db.UnusableDatabase: damaged, full, locked, read-only
+            except ValueError as e:  # db.UnusableDatabase: damaged, full, locked, read-only; or a row it refuses
                 stored = None
-                warn(f"the report was not stored in the results database ({e}); it is in {path}; "
-                     f"`speedrun results import {path}` adds it later")
+                # an import adds it later only where the database failed, not where it refused what the report holds
+                later = (f"; `speedrun results import {path}` adds it later" if isinstance(e, db.UnusableDatabase)
+                         else "")
+                warn(f"the report was not stored in the results database ({e}); it is in {path}{later}")
         if interrupt is not None:
             note_kept(interrupt, len(report["order"]), path)
             raise interrupt

@@ -34,7 +34,7 @@ from speedrun.data.shards import (CLASSES, PREPARED_FORMAT, Shards, listed_split
                                   unlisted_split)
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
-from speedrun.errors import print_line
+from speedrun.errors import counted, print_line
 from speedrun.paths import user_path
 from speedrun.records.environment import device_label, environment
 from speedrun.records.stats import NON_NEGATIVE, mean_diff_test, summarize
@@ -268,8 +268,9 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
                                    ("--runs", runs, 1, 1000), ("--decode-px", decode_px, 8, 1024)):
         _check(name, value, low, high)
     limits.check_memory(batch_bytes(batch, max(workers), max(res), decode_px),
-                        f"--batch {batch} at --res {max(res)} px with --decode-px {decode_px} and {max(workers)} "
-                        "worker(s)", "lower --batch, --res or --decode-px, or give fewer --workers")
+                        f"--batch {batch} at --res {max(res)} px with --decode-px {decode_px} and "
+                        f"{counted(max(workers), 'worker')}",
+                        "lower --batch, --res or --decode-px, or give fewer --workers")
     dev = resolve_device(device)
     on_device, note = device_decoder(decoder, dev)  # nvJPEG through TorchCodec on CUDA, else the Pillow workers
     if note:
@@ -294,7 +295,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
             m = measure(it, warmup=warmup, count=batches, res=r, device=dev)
             rows[(pipeline, w, r)].append(m)
             order.append({"round": rnd, "pipeline": pipeline, "workers": w, "res": r})
-            log(f"round {rnd + 1}/{runs}: {pipeline}, {w} worker(s), {r} px: {m['images_per_s']:.0f} images/s "
+            log(f"round {rnd + 1}/{runs}: {pipeline}, {counted(w, 'worker')}, {r} px: {m['images_per_s']:.0f} images/s "
                 f"(start-up {m['startup_s']:.2f} s)")
     report = {"benchmark": "bench_loader", "dir": str(root), "split": split, "images": n, "baseline": baseline,
               "baseline_images": None if plain is None else len(plain[0]), "batch": batch, "batches": batches,

@@ -16,6 +16,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from speedrun.errors import counted
 from speedrun.records import db
 from speedrun.records.result_file import check_train_result, load_result, portable
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, diff_ci95, mean_diff_test, summarize, welch_df, welch_t_test
@@ -85,7 +86,8 @@ def compare(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> dict:
             caveats.append(f"{label} is incomplete (interrupted or cut off): only its finished runs count")
         diverged = sum(1 for run in r["runs"] if run.get("diverged") is not None)
         if diverged:
-            caveats.append(f"{label}: {diverged} run(s) diverged and are left out")
+            are = "is" if diverged == 1 else "are"
+            caveats.append(f"{label}: {counted(diverged, 'run')} diverged and {are} left out")
     metrics = {}
     for key, _, _ in METRICS:
         xa, xb = _values(a, key), _values(b, key)

@@ -40,14 +40,22 @@ point at once. A study's name is derived from the recipe, dataset, objective, bu
 one. A study's question (what --resume must repeat) is those and --set, --runs, --seed and, for the time objective,
 the records rule's p threshold: every trial of a study is measured the same way. A new study's sampler is seeded
 with --seed; a resumed one's from the operating system, since resumes may run at once in several processes, which
-must not propose the same points. The storage must outlive the process (an in-memory SQLite URL is refused).
+must not propose the same points. The storage must outlive the process (an in-memory SQLite URL is refused). An
+SQLite storage is a file that is absent, empty or already an Optuna study storage: another program's database (the
+results database among them) is refused and left byte for byte as it was, since Optuna would write its tables into
+it; an SQLite URL takes no arguments (?mode=ro: SQLAlchemy would ignore it with a warning and the study be written
+anyway). Another process's lock on the file (a second sweep, a backup tool) is waited for, said at once, up to
+SQLITE_TIMEOUT_S, and then named in the sweep's last line with what to do.
 
 Every trial's finished runs are stored in the results database as a training result of their own (its command line
 ends `# setting trial N of STUDY: k=v ...`), and at the end the whole study (every trial of every process so far,
 the best with its interval, Optuna's parameter importances where it gives them) as a "sweep" report, which the
-report's study section (report/study.py) draws. A sweep that stops part way (Ctrl-C, an error after some runs) keeps
-the interrupted trial's finished runs and statistics the same way as a finished trial's, and still writes and
-hands on its report (on_report).
+report's study section (report/study.py) draws; the report carries this process's trials' training results too
+("results", as bench's does its settings'), which `speedrun results import` stores as rows. A sweep that stops part
+way (Ctrl-C, an error after some runs, a study storage that fails or stays locked) keeps the interrupted trial's
+finished runs and statistics the same way as a finished trial's, and still writes and hands on its report
+(on_report); the runs go into the results database and the report before the study hears of them, so that a failing
+storage costs none.
 """
 
 from __future__ import annotations
@@ -59,26 +67,30 @@ import hashlib
 import json
 import math
 import os
+import shlex
+import sqlite3
+import stat
+import time
 import warnings
 from collections.abc import Callable
-from datetime import timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Literal, get_args, get_origin
 
 from speedrun import dist
 from speedrun.config import RUN_OPTIONS, check_int, field_types, parse_value
 from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.engine.system import resolve_device, resolve_system
-from speedrun.errors import note_kept, print_line, warn
+from speedrun.errors import counted, note_kept, print_line, printable, warn
 from speedrun.instruments.bench import warm_up
+from speedrun.instruments.study_url import check_storage_url, default_storage, results_path, shown_url, storage_file
 from speedrun.instruments.variants import set_text
-from speedrun.paths import user_path
+from speedrun.paths import check_writable, make_folder
 from speedrun.records import db, stats
 from speedrun.records.environment import environment
-from speedrun.records.result_file import (claim_result_path, default_result_path, portable, release_result_path,
-                                          write_json)
+from speedrun.records.result_file import (check_result_path, claim_result_path, default_result_path, portable,
+                                          release_result_path, write_json)
 from speedrun.run import runner
 from speedrun.run import tensorboard as boards
 from speedrun.tricks.precision import default_cpu_threads
@@ -93,6 +105,10 @@ STEP_STRIDE = 10_001  # > MAX_EPOCHS: run r's epoch e reports at step r * STEP_S
 PRUNE_STARTUP_TRIALS = 5  # MedianPruner's default: no trial is pruned before five have finished
 SQLITE_TIMEOUT_S = 60.0  # how long a process waits for another's write lock on an SQLite study
 MAX_REPORT_TRIALS = 5_000  # trials a stored report lists (the newest), to keep it far below a report's size limit
+# The last seed a sweep takes: Optuna's samplers seed NumPy's RandomState, which takes [0, 2**32 - 1]; a trial's runs
+# take --seed .. --seed + --runs - 1 and are held to the same range, so that every seed a sweep states is one a
+# library takes as it is.
+MAX_SEED = 2**32 - 1
 # Config keys that define what a trial is judged by, not what it trains: searching them lets the sweep win by
 # moving the yardstick. objective -> key -> why (None: every objective).
 MEASURE_KEYS = {
@@ -148,7 +164,13 @@ def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str
     given with --set) that does not define the measure (MEASURE_KEYS), a range is LOW < HIGH of the field's number
     type (LOW > 0 on a log scale), a list holds two or more distinct values of the field's type, and the config
     with each bound or value (over --set and --epochs) passes the recipe's own validation. Every refusal is one
-    line naming the entry and the fix."""
+    line naming the entry and the fix; an example it gives is one this function accepts (_Hints)."""
+    return _parse_space(items, rec, epochs, overrides, objective, suggest=True)
+
+
+def _parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str, Any], objective: str, *,
+                 suggest: bool) -> list[Param]:
+    """parse_space; suggest=False: refusals without examples (how an example is itself tried, _Hints)."""
     if not items:
         raise ValueError("give the space to search: --space KEY=LOW:HIGH[:log] or --space KEY=A,B,C (repeatable)")
     cfg = runner.make_config(rec, epochs, overrides)
@@ -157,9 +179,12 @@ def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str
     for item in items:
         key, sep, spec = (part.strip() for part in item.partition("="))
         shown = item.strip()[:200]
+        hints = _Hints(rec, epochs, overrides, objective, key, types.get(key), getattr(cfg, key, None)) \
+            if suggest else None
         if not sep or not key or not spec:
-            raise ValueError(f"--space {shown!r}: expected KEY=LOW:HIGH[:log] or KEY=A,B,C, e.g. --space "
-                             "lr_per_1024=8:14 --space label_smoothing=0,0.1,0.2")
+            example = _any_example(rec, epochs, overrides, objective, types, key) if suggest else ""
+            raise ValueError(f"--space {shown!r}: expected KEY=LOW:HIGH[:log] or KEY=A,B,C"
+                             + (f", e.g. --space {example}" if example else ""))
         if key not in types:
             hint = (f"{key} is not a config key: use {RUN_OPTIONS[key]}" if key in RUN_OPTIONS
                     else f"unknown config key {key[:60]!r}")
@@ -171,12 +196,15 @@ def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str
             raise ValueError(f"--space {key} is given twice; give each key once")
         if key in overrides:
             raise ValueError(f"--space {key} and --set {key} both set it; keep one")
+        if key == "epochs" and epochs is not None:  # runner.make_config would name a --set never given
+            raise ValueError("--space epochs and --epochs both set the budget; keep one (leave out --epochs to search "
+                             "it)")
         tp = types[key]
         if tp in (int, float) and ":" in spec:
-            param = _range(shown, key, spec, tp)
+            param = _range(shown, key, spec, tp, hints)
             values = [param.low, param.high]
         else:
-            param = _choices(shown, key, spec, tp)
+            param = _choices(shown, key, spec, tp, hints)
             values = list(param.choices)
         for value in values:  # the config takes each bound and value: a range's inner values lie between
             try:
@@ -187,10 +215,92 @@ def parse_space(items: list[str], rec, epochs: float | None, overrides: dict[str
     return params
 
 
-def _range(shown: str, key: str, spec: str, tp: type) -> Param:
+def _number_text(value: float | int) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hints:
+    """The examples one key's refusals give, each tried first: an example is shown only when _parse_space (for this
+    recipe, --set and --epochs) or the config (a --set) accepts it, so that no refusal suggests what is refused
+    next (a fixed 8:14 suits lr_per_1024 and not label_smoothing, in [0, 1))."""
+
+    rec: Any
+    epochs: float | None
+    overrides: dict[str, Any]
+    objective: str
+    key: str
+    tp: Any
+    current: Any  # the key's value in the config the space is drawn over
+
+    def _candidates(self, given: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """(ranges, lists) worth trying, from the user's values and the config's own."""
+        tp, current = self.tp, self.current
+        if tp is bool:
+            return [], ["true,false"]
+        if get_origin(tp) is Literal:
+            choices = [c for c in get_args(tp) if isinstance(c, str)]
+            first = [current] if current in choices else []
+            return [], [",".join(dict.fromkeys(first + choices))[:200]] if len(choices) > 1 else []
+        if tp not in (int, float) or isinstance(current, bool) or not isinstance(current, (int, float)):
+            return [], []
+        points: list[float | int] = []
+        for text in given:
+            with contextlib.suppress(ValueError):
+                points.append(parse_value(self.key, text, tp))
+        if tp is int:
+            points += [current, current * 2, current // 2, current + 1, current - 1, 0, 1]
+        else:
+            points += [current, current * 2, current / 2, current + 0.1, current - 0.1, 0.0, 0.1, 1.0]
+        points = list(dict.fromkeys(points))
+        pairs = [(a, b) for i, a in enumerate(points) for b in points[i + 1:] if a != b]
+        pairs = [(min(a, b), max(a, b)) for a, b in pairs]
+        return ([f"{_number_text(a)}:{_number_text(b)}" for a, b in pairs],
+                [f"{_number_text(a)},{_number_text(b)}" for a, b in pairs])
+
+    def _accepted(self, spec: str) -> bool:
+        try:
+            _parse_space([f"{self.key}={spec}"], self.rec, self.epochs, self.overrides, self.objective, suggest=False)
+        except ValueError:
+            return False
+        return True
+
+    def space(self, kind: str, *given: str) -> str:
+        """KEY=SPEC of `kind` ("range" or "list") that --space takes, else ""."""
+        ranges, lists = self._candidates(given)
+        return next((f"{self.key}={spec}" for spec in (ranges if kind == "range" else lists)
+                     if self._accepted(spec)), "")
+
+    def set(self, text: str) -> str:
+        """`--set KEY=TEXT` when the config takes it, else ""."""
+        try:
+            runner.make_config(self.rec, self.epochs, {**self.overrides, self.key: parse_value(self.key, text,
+                                                                                                 self.tp)})
+        except ValueError:
+            return ""
+        return f"--set {self.key}={text}"
+
+
+def _any_example(rec, epochs, overrides, objective: str, types: dict, key: str) -> str:
+    """An example --space entry for this recipe: for `key` when it is a config key, else for a key most sweeps
+    search (a learning rate, label smoothing); "" when none is accepted."""
+    cfg = runner.make_config(rec, epochs, overrides)
+    keys = [key] if key in types else [k for k in ("lr_per_1024", "lr_per_256", "lr", "label_smoothing")
+                                       if k in types]
+    for k in keys:
+        hints = _Hints(rec, epochs, overrides, objective, k, types[k], getattr(cfg, k))
+        example = hints.space("range") or hints.space("list")
+        if example:
+            return example
+    return ""
+
+
+def _range(shown: str, key: str, spec: str, tp: type, hints: _Hints | None) -> Param:
     parts = [p.strip() for p in spec.split(":")]
     if len(parts) not in (2, 3) or len(parts) == 3 and parts[2] != "log":
-        raise ValueError(f"--space {shown}: a range is LOW:HIGH or LOW:HIGH:log, e.g. {key}=8:14")
+        example = hints.space("range", *parts[:2]) if hints else ""
+        raise ValueError(f"--space {shown}: a range is LOW:HIGH or LOW:HIGH:log"
+                         + (f", e.g. {example}" if example else ""))
     kind = "int" if tp is int else "float"
     try:
         low, high = (parse_value(key, p, tp) for p in parts[:2])
@@ -199,13 +309,17 @@ def _range(shown: str, key: str, spec: str, tp: type) -> Param:
                          f"HIGH must be {'integers' if tp is int else 'finite numbers'}") from None
     log = len(parts) == 3
     if not low < high:
-        raise ValueError(f"--space {shown}: LOW must be below HIGH (to try one value, --set {key}={parts[0]})")
+        one = hints.set(parts[0]) if hints else ""
+        example = hints.space("range", *parts[:2]) if hints else ""
+        fixes = [f"to try one value, {one}" if one else "", f"e.g. {example}" if example else ""]
+        raise ValueError(f"--space {shown}: LOW must be below HIGH"
+                         + (f" ({'; '.join(f for f in fixes if f)})" if any(fixes) else ""))
     if log and low <= 0:
         raise ValueError(f"--space {shown}: a log range needs LOW > 0; give a positive LOW, or leave out :log")
     return Param(key, kind, shown, low=low, high=high, log=log)
 
 
-def _choices(shown: str, key: str, spec: str, tp: Any) -> Param:
+def _choices(shown: str, key: str, spec: str, tp: Any, hints: _Hints | None) -> Param:
     is_tuple = getattr(tp, "__origin__", None) is tuple
     texts = [v.strip() for v in spec.split(";" if is_tuple else ",")]
     if any(not t for t in texts):
@@ -223,28 +337,15 @@ def _choices(shown: str, key: str, spec: str, tp: Any) -> Param:
             raise ValueError(f"--space {shown}: {text} is given twice; give each value once")
         choices.append(value)
     if len(choices) < 2:
-        hint = f"a range is LOW:HIGH, e.g. {key}=8:14" if tp in (int, float) else f"to use one, --set {key}={texts[0]}"
-        raise ValueError(f"--space {shown}: give two or more values to choose from ({hint})")
+        fixes = []
+        if hints is not None:
+            listed, ranged = hints.space("list", *texts), hints.space("range", *texts) if tp in (int, float) else ""
+            one = hints.set(texts[0])
+            fixes = [f"e.g. {listed}" if listed else "", f"a range is LOW:HIGH, e.g. {ranged}" if ranged else "",
+                     f"to use one, {one}" if one else ""]
+        raise ValueError(f"--space {shown}: give two or more values to choose from"
+                         + (f" ({'; '.join(f for f in fixes if f)})" if any(fixes) else ""))
     return Param(key, "categorical", shown, choices=tuple(choices))
-
-
-def default_storage(db_path: str | Path | None) -> str:
-    """The SQLite URL of the sweeps file beside the results database: results.db -> results.sweeps.db."""
-    path = db.default_db_path() if db_path is None else user_path(db_path, "--db")
-    return f"sqlite:///{path.with_name(path.stem + '.sweeps.db').absolute()}"
-
-
-def shown_url(url: str) -> str:
-    """A storage URL as it may be printed and stored: a password in it replaced by ***."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)
-        user = netloc[0].split(":", 1)[0]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-    except ValueError:  # not a URL Python can split: Optuna will refuse it, named without its parts
-        return "the --storage URL"
 
 
 def default_study_name(recipe: str, dataset: str, objective: str, question: dict) -> str:
@@ -255,36 +356,216 @@ def default_study_name(recipe: str, dataset: str, objective: str, question: dict
     return f"{recipe}-{name[:60]}-{objective}-{digest}"
 
 
-def check_storage_url(url: str) -> None:
-    """Refuse (one line) what is not a database URL, and an SQLite database in memory (sqlite://, sqlite:///,
-    sqlite:///:memory:, mode=memory), which ends with the process: a study must outlive it for --resume."""
-    shown = shown_url(url)
-    if not isinstance(url, str) or "://" not in url:
-        raise ValueError(f"--storage {shown}: not a database URL; give one such as sqlite:///study.db")
-    from sqlalchemy.engine import make_url  # Optuna's own dependency: here only after optuna_module()
+# The tables of an Optuna RDB storage (optuna/storages/_rdb/models.py, and Alembic's version table that its
+# migrations add). A file is taken as a study storage only when every table it holds is one of these.
+OPTUNA_TABLES = frozenset({"studies", "version_info", "study_directions", "study_user_attributes",
+                           "study_system_attributes", "trials", "trial_user_attributes", "trial_system_attributes",
+                           "trial_params", "trial_values", "trial_intermediate_values", "trial_heartbeats",
+                           "alembic_version"})
+# What every Optuna storage holds since its schema took Alembic's migrations (Optuna 1.0): a file that has them is
+# one Optuna made, not another program's that happens to use one of its table names.
+OPTUNA_MARKS = {"studies": {"study_id", "study_name"}, "version_info": {"schema_version", "library_version"},
+                "alembic_version": {"version_num"}}
+RESULTS_TABLES = frozenset({"results", "runs", "reports"})  # records/db.py's
+LOCK_POLL_S = 2.0  # SQLite's own wait for a lock, after which the wait is said (_patiently) and goes on
+_STORAGE_FIX = "give a new file, or one that holds Optuna studies, with --storage sqlite:///FILE"
 
+
+class StorageFailed(ValueError):
+    """The study storage cannot be used (locked past SQLITE_TIMEOUT_S, damaged, gone, not a study storage): one line
+    naming it and the fix. A ValueError, as every refusal is: the CLI prints it and exits 2. A sweep that meets it
+    part way keeps its finished runs (the report file, the results database) before raising it."""
+
+
+def _locked(e: BaseException | None) -> bool:
+    """SQLite's "database is locked" (SQLITE_BUSY, SQLITE_LOCKED) in `e` or what it wraps (SQLAlchemy's .orig,
+    the cause of Optuna's StorageInternalError); a StorageFailed already said so, and is not waited on again."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen and not isinstance(e, StorageFailed):
+        seen.add(id(e))
+        if isinstance(e, sqlite3.OperationalError):
+            code = getattr(e, "sqlite_errorname", None) or ""  # Python 3.11+; the message decides on 3.10
+            return code.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(e)
+        e = getattr(e, "orig", None) or e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return False
+
+
+@dataclasses.dataclass
+class _Lock:
+    """What a wait for the study storage's lock says: the file (`where`), the log, and what to do once the other
+    process is done (`then`: run again, or, once the study exists, add trials to it with --resume)."""
+
+    where: str
+    log: Callable[[str], None]
+    then: str = "run this again"
+
+    def refusal(self) -> StorageFailed:
+        return StorageFailed(f"the study storage {self.where} stayed locked by another process for "
+                             f"{SQLITE_TIMEOUT_S:.0f} s (another sweep writing it, or a program such as a backup "
+                             f"holding the file); wait until that process has finished and {self.then}, or give "
+                             "another --storage")
+
+
+def _patiently(call: Callable[[], Any], lock: _Lock) -> Any:
+    """call(), tried again while another process holds the SQLite file's lock, up to SQLITE_TIMEOUT_S in all; the
+    first wait is said at once. Each try is whole or nothing: Optuna rolls back a session that failed, and SQLite
+    gives up the lock it did not get, so trying again repeats nothing."""
+    deadline = None
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not _locked(e):
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + SQLITE_TIMEOUT_S - LOCK_POLL_S
+                lock.log(f"the study storage {lock.where} is locked by another process; waiting up to "
+                         f"{SQLITE_TIMEOUT_S:.0f} s for it")
+            if now >= deadline:
+                raise lock.refusal() from None
+            time.sleep(0.05)  # a lock refused at once (two readers turning writers) is not retried in a spin
+
+
+def _sqlite_tables(path: Path, lock: _Lock) -> tuple[int, dict[str, set[str]]]:
+    """(the number of objects, {table: its columns}) of the SQLite file `path`, read without changing it or
+    creating a file beside it: a WAL file that no process has open (no -wal beside it) is read as immutable, since
+    a read-only open of it would leave -wal and -shm files; any other is opened read-only, waiting for a writer's
+    lock."""
+    with open(path, "rb") as f:
+        header = f.read(100)
+    idle_wal = len(header) > 18 and header[18] == 2 and not os.path.lexists(f"{path}-wal")
+    uri = f"{path.absolute().as_uri()}?mode=ro" + ("&immutable=1" if idle_wal else "")
+
+    def read() -> tuple[int, dict[str, set[str]]]:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=LOCK_POLL_S)) as conn:
+            conn.execute("BEGIN")  # one snapshot for both reads
+            objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            tables: dict[str, set[str]] = {}
+            for table, column in conn.execute("SELECT m.name, p.name FROM sqlite_master AS m, pragma_table_info("
+                                              "m.name) AS p WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite!_%' "
+                                              "ESCAPE '!'"):
+                tables.setdefault(table, set()).add(column)
+            return objects, tables
+
+    return _patiently(read, lock)
+
+
+def _storage_state(path: Path, what: str, lock: _Lock, *, own_folder: bool = False) -> str:
+    """"new" for an SQLite storage file that is absent, empty or holds nothing, "optuna" for an Optuna study storage;
+    anything else is refused in one line and left as it is, byte for byte: Optuna would write its tables into
+    another program's database, speedrun's results among them, or fail on a table of its name. `what`: the
+    storage as the refusal names it (--storage URL, or the default one). own_folder: the storage's folder is
+    speedrun's own (the default storage's, the results database's), made when missing, as the database's is."""
+    where = str(path)
     try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 -- SQLAlchemy's parse errors: _open_storage names them when it opens the URL
-        return
-    database = parsed.database or ""
-    if parsed.get_backend_name() == "sqlite" and (database in ("", ":memory:") or database.startswith("file::memory:")
-                                                  or parsed.query.get("mode") == "memory"):
-        raise ValueError(f"--storage {shown}: an in-memory database ends with this process, and a study must outlive "
-                         "it (--resume); give a file, e.g. sqlite:///study.db")
+        info = os.stat(path)
+    except FileNotFoundError:
+        if not own_folder and not path.absolute().parent.is_dir():
+            raise StorageFailed(f"{what}: the folder {path.parent} does not exist; create it, or "
+                                f"{_STORAGE_FIX}") from None
+        return "new"
+    except (OSError, ValueError) as e:  # a symlink loop, a name too long, a folder we may not search
+        raise StorageFailed(f"{what}: cannot use {where} ({getattr(e, 'strerror', None) or e}); "
+                            f"{_STORAGE_FIX}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StorageFailed(f"{what}: {where} is not a file (a folder, device or pipe); {_STORAGE_FIX}")
+    if info.st_size == 0:
+        return "new"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(16)
+        if magic != b"SQLite format 3\0":
+            raise StorageFailed(f"{what}: {where} is not an SQLite database (another program's file); it "
+                                f"is left as it is; {_STORAGE_FIX}")
+        objects, tables = _sqlite_tables(path, lock)
+    except OSError as e:
+        raise StorageFailed(f"{what}: cannot read {where} ({e.strerror or e}); {_STORAGE_FIX}") from None
+    except sqlite3.Error as e:
+        raise StorageFailed(f"{what}: cannot read {where} as an SQLite database ({' '.join(str(e).split())}"
+                            f"); it is left as it is; {_STORAGE_FIX}") from None
+    if not objects:
+        return "new"
+    if RESULTS_TABLES <= set(tables):
+        raise StorageFailed(f"{what}: {where} is speedrun's results database, and a study needs a file of "
+                            "its own; it is left as it is; leave out --storage (the study goes beside it, as "
+                            "NAME.sweeps.db) or give another file")
+    if set(OPTUNA_MARKS) <= set(tables) <= OPTUNA_TABLES and all(
+            columns <= tables[table] for table, columns in OPTUNA_MARKS.items()):
+        return "optuna"
+    listed = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    raise StorageFailed(f"{what}: {where} is another program's SQLite database, not an Optuna study "
+                        f"storage (its tables: {listed or 'none, but other objects'}); it is left as it is; "
+                        f"{_STORAGE_FIX}")
 
 
-def _open_storage(optuna, url: str):
-    """Optuna's RDB storage at `url`; an SQLite file waits SQLITE_TIMEOUT_S for another process's write lock."""
+def _open_storage(optuna, url: str, lock: _Lock):
+    """Optuna's RDB storage at `url`; on an SQLite file every call waits out another process's lock (_patiently)."""
     shown = shown_url(url)
     check_storage_url(url)
-    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
+    sqlite = storage_file(url) is not None
+
+    class PatientStorage(optuna.storages.RDBStorage):
+        """Each of Optuna's calls on the storage tried again while the SQLite file is locked (_patiently)."""
+
+    if sqlite:
+        for name in dir(optuna.storages.BaseStorage):
+            method = getattr(optuna.storages.RDBStorage, name, None)
+            if not name.startswith("_") and callable(method):
+                setattr(PatientStorage, name, _patient_method(method, lock))
+    engine = {"connect_args": {"timeout": LOCK_POLL_S}} if sqlite else None
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        with warnings.catch_warnings():  # the library's notes on a URL: the one-line refusal below says it
+            warnings.simplefilter("ignore")
+            return _patiently(lambda: PatientStorage(url, engine_kwargs=engine), lock)
+    except StorageFailed:
+        raise
     except Exception as e:  # noqa: BLE001 -- SQLAlchemy's and the driver's errors: one line naming the storage
-        text = " ".join(str(e).split())[:300]
-        raise ValueError(f"cannot open the study storage {shown} ({type(e).__name__}: {text}); give a URL such as "
-                         "sqlite:///study.db (--storage)") from None
+        cause = _cause_text(e)
+        fix = ("install the database driver it names, or give an SQLite file with --storage sqlite:///FILE"
+               if cause.startswith(("ModuleNotFoundError", "ImportError")) else
+               f"check that the database is reachable and the URL right, or {_STORAGE_FIX}" if not sqlite else
+               _STORAGE_FIX)
+        raise StorageFailed(f"cannot open the study storage {shown} ({cause}); {fix}") from None
+
+
+def _patient_method(method: Callable, lock: _Lock) -> Callable:
+    def patient(self, *args, **kwargs):
+        return _patiently(lambda: method(self, *args, **kwargs), lock)
+
+    patient.__name__ = method.__name__
+    return patient
+
+
+def _cause_text(e: BaseException) -> str:
+    """The innermost error `e` wraps, as "Type: text" (Optuna's StorageInternalError says only that a commit
+    failed; SQLAlchemy's own text carries the statement)."""
+    inner = e
+    for _ in range(10):
+        nxt = getattr(inner, "orig", None) or inner.__cause__
+        if nxt is None:
+            break
+        inner = nxt
+    return f"{type(inner).__name__}: {' '.join(str(inner).split())[:200]}"
+
+
+def _storage_errors(optuna) -> tuple[type[BaseException], ...]:
+    """What a failing study storage raises: ours (StorageFailed), Optuna's wrapper of a failed session, and
+    SQLAlchemy's own errors where Optuna lets them through."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return StorageFailed, optuna.exceptions.StorageInternalError, SQLAlchemyError
+
+
+def _storage_failure(optuna, e: BaseException, lock: _Lock) -> StorageFailed | None:
+    """`e` as the one line a failing study storage gives (None: `e` is not the storage's)."""
+    if isinstance(e, StorageFailed):
+        return e
+    if not isinstance(e, _storage_errors(optuna)):
+        return None
+    return StorageFailed(f"the study storage {lock.where} failed ({_cause_text(e)}); check it (a full disk, a damaged "
+                         f"or removed file, a database server that is down), then {lock.then}, or give another "
+                         "--storage")
 
 
 def _pruner(optuna):
@@ -304,15 +585,21 @@ def _pruner(optuna):
     return RunwiseMedianPruner(n_startup_trials=PRUNE_STARTUP_TRIALS)
 
 
+def check_grid(params: list[Param]) -> dict[str, list]:
+    """The grid a grid sampler walks, refused (one line) when a range is a float's or it holds more than MAX_GRID
+    points."""
+    grid = {p.key: p.grid() for p in params}
+    if math.prod(len(v) for v in grid.values()) > MAX_GRID:
+        raise ValueError(f"--sampler grid: the grid holds more than {MAX_GRID:,} points; give fewer values, or use "
+                         "--sampler tpe")
+    return grid
+
+
 def _sampler(optuna, name: str, params: list[Param], seed: int | None):
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    grid = {p.key: p.grid() for p in params}
-    if math.prod(len(v) for v in grid.values()) > MAX_GRID:
-        raise ValueError(f"--sampler grid: the grid holds more than {MAX_GRID:,} points; give fewer values, or use "
-                         "--sampler tpe")
 
     class Grid(optuna.samplers.GridSampler):
         # GridSampler ends study.optimize's loop (study.stop) after the grid's last point; this loop asks and tells
@@ -320,37 +607,42 @@ def _sampler(optuna, name: str, params: list[Param], seed: int | None):
         def after_trial(self, study, trial, state, values) -> None:
             pass
 
-    return Grid(grid, seed=seed)
+    return Grid(check_grid(params), seed=seed)
 
 
-def _open_study(optuna, storage, name: str, *, shown: str, resume: bool, direction: str, question: dict, sampler,
-                pruner):
-    """The study `name`: created (refused when it exists, unless `resume`), or loaded with `resume` (refused when
-    it does not exist, or asks another question)."""
+def _check_study(optuna, storage, name: str, *, shown: str, resume: bool, direction: str, question: dict, sampler,
+                 pruner):
+    """Before anything is created: with `resume`, the study `name` loaded (refused when it is not there, or asks
+    another question); without, None (refused when it exists). Reads only."""
     exists = name in optuna.study.get_all_study_names(storage)
     if exists and not resume:
         raise ValueError(f"study {name!r} already exists in {shown}: add --resume to add trials to it, or give "
                          "another --study NAME")
     if resume and not exists:
         raise ValueError(f"--resume: there is no study {name!r} in {shown}; leave out --resume to start it")
+    if not resume:
+        return None
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    # None: a study made elsewhere (Optuna's own tools), which states no question; its direction must agree
+    asked = study.user_attrs.get("question", question)
+    if study.direction.name.lower() != direction or asked != question:
+        differ = sorted(k for k in set(question) | set(_dict(asked)) if _dict(asked).get(k) != question.get(k))
+        values = "; ".join(f"{k} {json.dumps(_dict(asked).get(k))[:80]}" for k in differ)
+        raise ValueError(f"--resume: study {name!r} in {shown} asks another question (it differs in "
+                         f"{', '.join(differ) or 'its direction'}; the study's: {values or 'another direction'})"
+                         "; give the same recipe, dataset, objective, space, --epochs, --set, --runs, --seed "
+                         f"and {stats.RECORD_P_ENV}, or another --study NAME")
+    return study
+
+
+def _create_study(optuna, storage, name: str, *, shown: str, direction: str, question: dict, sampler, pruner):
     try:
         study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=name,
-                                    direction=direction, load_if_exists=resume)
-    except optuna.exceptions.DuplicatedStudyError:  # another process created it since the question above
+                                    direction=direction)
+    except optuna.exceptions.DuplicatedStudyError:  # another process created it since _check_study
         raise ValueError(f"study {name!r} was created meanwhile in {shown} (by another process): add --resume to "
                          "add trials to it") from None
-    if not resume:
-        study.set_user_attr("question", question)
-    else:
-        # None: a study made elsewhere (Optuna's own tools), which states no question; its direction must agree
-        asked = study.user_attrs.get("question", question)
-        if study.direction.name.lower() != direction or asked != question:
-            differ = sorted(k for k in set(question) | set(_dict(asked)) if _dict(asked).get(k) != question.get(k))
-            values = "; ".join(f"{k} {json.dumps(_dict(asked).get(k))[:80]}" for k in differ)
-            raise ValueError(f"--resume: study {name!r} in {shown} asks another question (it differs in "
-                             f"{', '.join(differ) or 'its direction'}; the study's: {values or 'another direction'})"
-                             "; give the same recipe, dataset, objective, space, --epochs, --set, --runs, --seed "
-                             f"and {stats.RECORD_P_ENV}, or another --study NAME")
+    study.set_user_attr("question", question)
     return study
 
 
@@ -394,18 +686,30 @@ def _ci(summary: stats.Summary) -> list[float] | None:
     return None if summary.ci95_low is None else [summary.ci95_low, summary.ci95_high]
 
 
+# The attributes a trial carries in the study (and a report's row of it)
+TRIAL_KEYS = ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy", "seconds", "result_id",
+              "error", "pruned_at_epoch", "run_seeds", "warmup_seconds")
+SCORE_KEYS = ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy", "seconds")
+MAX_REPORT_RESULT_BYTES = 16 * 2**20  # the trials' training results a report carries, newest first
+
+
+def _utc(moment) -> str | None:
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds") if moment else None
+
+
 def _trial_row(t) -> dict:
     """A FrozenTrial as the report keeps it."""
     attrs = t.user_attrs
     return {"number": t.number, "state": t.state.name.lower(), "value": t.value,
-            "params": {k: v for k, v in t.params.items()},
-            **{k: attrs.get(k) for k in ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy",
-                                         "seconds", "result_id", "error", "pruned_at_epoch", "run_seeds",
-                                         "warmup_seconds")},
-            "started_utc": t.datetime_start.astimezone(timezone.utc).isoformat(timespec="seconds")
-            if t.datetime_start else None,
-            "finished_utc": t.datetime_complete.astimezone(timezone.utc).isoformat(timespec="seconds")
-            if t.datetime_complete else None}
+            "params": {k: v for k, v in t.params.items()}, **{k: attrs.get(k) for k in TRIAL_KEYS},
+            "started_utc": _utc(t.datetime_start), "finished_utc": _utc(t.datetime_complete)}
+
+
+def _local_row(number: int) -> dict:
+    """A trial of this process as _trial_row has it, kept here as well as in the study: the report's account of
+    its trials when the storage cannot be read."""
+    return {"number": number, "state": "running", "value": None, "params": {}, **dict.fromkeys(TRIAL_KEYS),
+            "started_utc": _utc(datetime.now(timezone.utc)), "finished_utc": None}
 
 
 # fANOVA fits a random forest to the completed trials: on a handful it returns confident-looking shares of noise
@@ -416,7 +720,7 @@ MIN_IMPORTANCE_TRIALS = 8
 def _importances(optuna, study, completed: int) -> tuple[dict | None, str | None]:
     """Optuna's parameter importances (fANOVA) of the study, or None and why not."""
     if completed < MIN_IMPORTANCE_TRIALS:
-        return None, f"{completed} completed trial(s): importances need {MIN_IMPORTANCE_TRIALS} or more"
+        return None, f"{counted(completed, 'completed trial')}: importances need {MIN_IMPORTANCE_TRIALS} or more"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -432,15 +736,24 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
           study: str | None = None, resume: bool = False, prune: bool | None = None, sampler: str = "tpe",
           db_path: str | Path | None = None, json_path: str | Path | None = None, command: str | None = None,
           tensorboard: str | Path | None = None, on_report: Callable[[dict, Path, int | None], None] | None = None,
+          on_checked: Callable[[], None] | None = None,
           log: Callable[[str], None] = print_line) -> tuple[dict, Path | None, int | None]:
     """Run `trials` trials of the study (see the module); (the report, its file, its id in the results database).
 
-    Every setting is checked, the results database opened and the report file claimed (json_path; None: a new
-    results/<time>-sweep-<recipe>-<dataset>.json) before the study is opened or any data is read.
+    Nothing is created before everything is checked: the options and the space; the grid's size; the storage (an
+    SQLite file must be absent, empty or an Optuna study storage, and an existing storage is read for the study and
+    its question); the TensorBoard folder; that every file and folder the sweep makes can be made there (a folder
+    this process may write); an existing results database; the data and the recipe's check of it. (That no two of
+    its outputs are one file, the study storage and the results database among them, the CLI checks first:
+    storage_output.) Then a new storage is opened, made (with the default storage's folder, the results
+    database's), the report file claimed (json_path; None: a new results/<time>-sweep-<recipe>-<dataset>.json),
+    the TensorBoard folder made, the results database and the study created.
     tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
     each run as trial-<n>/seed-<s>. on_report(report, its file, its id): called once the report is written and
     stored, whether the sweep finished or stopped part way (before that stop is raised again), so that what a
-    caller does with the report (a settings file) happens on both paths."""
+    caller does with the report (a settings file) happens on both paths. on_checked(): called once everything is
+    checked and the storage opened, before the report file is claimed, for a caller to claim a file of its own (the
+    settings file) only where the sweep goes on."""
     optuna = optuna_module()
     rec = runner.get_recipe(recipe)
     family = rec.module()
@@ -451,7 +764,10 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
         raise ValueError(f"--sampler {sampler!r:.40}: choose {', '.join(SAMPLERS)}")
     trials = check_int("trials", "--trials", trials, 1, MAX_TRIALS)
     runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
-    seed = check_int("seed", "--seed", seed, 0, 2**62)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED - (runs - 1):
+        raise ValueError(f"--seed {seed!r:.40}: a sweep's seeds (the sampler's, and its runs' --seed .. --seed + "
+                         f"--runs - 1) lie in [0, 2**32 - 1], as Optuna's samplers take them; give --seed from 0 to "
+                         f"{MAX_SEED - (runs - 1)}" + (f" with --runs {runs}" if runs > 1 else ""))
     if objective == "time" and runs < 2:
         raise ValueError("--objective time judges each trial by the records rule, a t-test that needs n >= 2: "
                          "give --runs 2 or more")
@@ -464,48 +780,86 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
         raise ValueError("--prune needs each epoch's test accuracy: add --set eval_each_epoch=true (untimed), or "
                          "leave out --prune")
     if sampler == "grid":
-        for p in params:
-            p.grid()  # refuses a float range now
+        check_grid(params)
     dataset = rec.default_dataset if dataset is None else dataset
     question = {"recipe": rec.name, "dataset": str(dataset), "objective": objective, "epochs": epochs,
                 "set": {k: str(v) for k, v in sorted(overrides.items())}, "space": sorted(p.text for p in params)}
     if study is not None and (not isinstance(study, str) or not study.strip() or len(study) > 200):
         raise ValueError("--study: give a name of 1 to 200 characters, not blank (or leave out --study for the "
                          "default name)")
+    if study is not None and not study.isprintable():
+        # every line that names the study escapes such a character (errors.printable): the --resume hint pasted
+        # back would name another study
+        raise ValueError(f"--study {printable(study)}: the name holds a control or other unprintable character (a "
+                         "newline, ESC ...), which no message can show as it is; give a name of printable characters")
     # the name follows what is searched; runs, seeds and the threshold judge every trial alike, so a resume
-    # that changes them finds the study and is refused naming its values (_open_study)
+    # that changes them finds the study and is refused naming its values (_check_study)
     name = study if study is not None else default_study_name(rec.name, dataset, objective, question)
     question.update(runs=runs, seed=seed, **({"record_p": alpha} if objective == "time" else {}))
     url = storage if storage is not None else default_storage(db_path)
     check_storage_url(url)
     shown = shown_url(url)
+    file = storage_file(url)
+    lock = _Lock(shown if file is None else str(file), log)
     dev = resolve_device(device)
-
-    conn = db.connect(db_path)  # a bad --db fails before the study is touched
+    if tensorboard is not None:
+        boards.check_board(tensorboard)
+    what = f"--storage {shown}" if storage is not None else \
+        f"the study storage {shown} (beside {'--db' if db_path is not None else 'the results database'})"
+    state = "server" if file is None else _storage_state(file, what, lock, own_folder=storage is None)
+    if state == "new" and resume:
+        raise ValueError(f"--resume: there is no study {name!r} in {shown}; leave out --resume to start it")
+    # every file the sweep makes, checked to be makeable before it makes any (a folder it may not write would
+    # refuse the last one after the others were made)
+    if file is not None:
+        check_writable(file, f"{what}, the file", _STORAGE_FIX)
+    check_result_path(json_path, "--json")
+    db.check_writable(db_path)
+    direction = OBJECTIVES[objective]
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what each trial did
+    # an existing results database is checked now (a file of another program's is refused); a new one is made last
+    conn = db.connect(db_path) if os.path.lexists(results_path(db_path)) else None
     path, written, board = None, False, None
     try:
-        path = (claim_result_path(json_path) if json_path is not None
+        pruner = _pruner(optuna) if prune else optuna.pruners.NopPruner()
+        the_sampler = _sampler(optuna, sampler, params, None if resume else seed)
+        store = the_study = None
+        if state != "new":  # the study in an existing storage: refused (exists, absent, asks another question) now
+            with _storage_refusals(optuna, lock):
+                store = _open_storage(optuna, url, lock)
+                the_study = _check_study(optuna, store, name, shown=shown, resume=resume, direction=direction,
+                                         question=question, sampler=the_sampler, pruner=pruner)
+        data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
+        # a copy of a named dataset that is not its published files is recorded under its path, as train records it
+        stored_as = os.fspath(data_dir) if getattr(data, "unofficial", "") and data_dir is not None else dataset
+        family.check(base, data, dev, dist.World())
+        if store is None:  # a new storage, opened (and so made) first of the sweep's files: the likeliest to fail
+            if storage is None:  # speedrun's own folder, the results database's, made as connect makes it
+                make_folder(file.parent, "the folder of the results database and the study storage",
+                            "give another --db, or a --storage URL")
+            with _storage_refusals(optuna, lock):
+                store = _open_storage(optuna, url, lock)
+        if on_checked is not None:
+            on_checked()
+        path = (claim_result_path(json_path, "--json") if json_path is not None
                 else default_result_path(f"sweep-{rec.name}", dataset))
-        store = _open_storage(optuna, url)
         if tensorboard is not None:
             board = boards.open_board(tensorboard, rec.name)
-        direction = OBJECTIVES[objective]
-        level = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what each trial did
-        try:
-            pruner = _pruner(optuna) if prune else optuna.pruners.NopPruner()
-            the_study = _open_study(optuna, store, name, shown=shown, resume=resume, direction=direction,
-                                    question=question, sampler=_sampler(optuna, sampler, params,
-                                                                        None if resume else seed),
-                                    pruner=pruner)
-            log(f"study {name} in {shown}: {len(the_study.trials)} trial(s) so far; {trials} more, {runs} run(s) "
-                f"each, {objective} ({direction}), sampler {sampler}, pruning {'on' if prune else 'off'}")
-            report = _trials(optuna, the_study, family, rec, params, conn, path, log, base=base, trials=trials,
-                             runs=runs, objective=objective, dataset=dataset, data_dir=data_dir, dev=dev,
-                             epochs=epochs, seed=seed, overrides=overrides, command=command, shown=shown,
-                             sampler=sampler, prune=prune, board=board, alpha=alpha)
-        finally:
-            optuna.logging.set_verbosity(level)
+        if conn is None:
+            conn = db.connect(db_path)
+        with _storage_refusals(optuna, lock):
+            if the_study is None:
+                the_study = _create_study(optuna, store, name, shown=shown, direction=direction, question=question,
+                                          sampler=the_sampler, pruner=pruner)
+            lock.then = f"add trials with --resume --study {shlex.quote(name)}"
+            log(f"study {name} in {shown}: {counted(len(the_study.trials), 'trial')} so far; {trials} more, "
+                f"{counted(runs, 'run')} each, {objective} ({direction}), sampler {sampler}, "
+                f"pruning {'on' if prune else 'off'}")
+        report = _trials(optuna, the_study, family, rec, params, conn, data, stored_as, log, lock, base=base,
+                         trials=trials, runs=runs, objective=objective, dataset=dataset, dev=dev, epochs=epochs,
+                         seed=seed, overrides=overrides, command=command, shown=shown, sampler=sampler, prune=prune,
+                         board=board, alpha=alpha)
         interrupt = report.pop("_interrupt", None)
         report["command"] = command
         with signals_held():  # what finished is kept whole, whatever signal comes now
@@ -524,69 +878,100 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
             raise interrupt
         return report, path, stored
     finally:
-        conn.close()
+        optuna.logging.set_verbosity(level)
+        if conn is not None:
+            conn.close()
         if board is not None:
             board.close()
         if path is not None and not written:
             release_result_path(Path(path))
 
 
-def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials, runs, objective, dataset, data_dir,
-            dev, epochs, seed, overrides, command, shown, sampler, prune, board, alpha) -> dict:
-    """Load the data, run the trials, each after a warm-up of its own configuration; the report (with
-    "_interrupt": what stopped it, if anything)."""
-    data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
-    # a copy of a named dataset that is not its published files is recorded under its path, as train records it
-    stored_as = os.fspath(data_dir) if getattr(data, "unofficial", "") and data_dir is not None else dataset
-    family.check(base, data, dev, dist.World())
+@contextlib.contextmanager
+def _storage_refusals(optuna, lock: _Lock):
+    """A failing study storage's errors (Optuna's, SQLAlchemy's) as one line (_storage_failure)."""
+    try:
+        yield
+    except _storage_errors(optuna) as e:
+        raise _storage_failure(optuna, e, lock) from None
+
+
+def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock: _Lock, *, base, trials, runs,
+            objective, dataset, dev, epochs, seed, overrides, command, shown, sampler, prune, board, alpha) -> dict:
+    """Run the trials, each after a warm-up of its own configuration; the report (with "_interrupt": what stopped
+    it, if anything).
+
+    What a trial finished is kept whatever stops it: its runs go into the results database (and the report) first,
+    into the study's attributes after, so that a storage that fails (locked past SQLITE_TIMEOUT_S, damaged) costs
+    no run. Once it has failed it is not touched again (each touch would wait out the lock anew), and the report
+    is made from this process's own account of its trials."""
     mine: list[int] = []
+    local: list[dict] = []  # this process's trials, as the report's rows (_local_row)
+    results: list[dict] = []  # each trial's training result, as stored in the results database
     finished_runs = 0
     warmup_seconds = 0.0
     interrupt: BaseException | None = None
+    failed: StorageFailed | None = None
+    storage_errors = _storage_errors(optuna)
     for _ in range(trials):
-        if sampler == "grid" and study.sampler.is_exhausted(study):
-            log("the grid is exhausted: every point has a trial")
-            break
-        trial = study.ask()
-        mine.append(trial.number)
+        trial, row = None, None
         done: list[RunResult] = []
+        reported: list[BaseException] = []  # what the storage raised while a run reported to it (_reporter)
         cfg, shown_params, kept = None, "", False
 
-        def keep() -> dict:
-            """The trial's finished runs stored and its statistics set, once, on the normal and the stopped path
-            alike; its score."""
+        def keep() -> tuple[dict, dict]:
+            """The trial's finished runs stored and its statistics set in this process's account, once, on the
+            normal and the stopped path alike; (its score, the attributes for the study)."""
             nonlocal finished_runs, kept
             score = _score(objective, done, cfg.target_accuracy, alpha)
+            attrs = {}
             if not kept:
                 kept = True
                 finished_runs += len(done)
-                result_id = _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command,
-                                        study.study_name, trial.number, shown_params, log) if done else None
-                trial.set_user_attr("result_id", result_id)
-                for key in ("mean", "ci95", "n", "p", "reached", "penalized", "diverged", "accuracy", "seconds"):
-                    trial.set_user_attr(key, score[key])
-                trial.set_user_attr("run_seeds", [r.seed for r in done])
-            return score
+                result_id = None
+                if done:
+                    result_id, result = _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command,
+                                                    study.study_name, trial.number, shown_params)
+                    results.append(result)
+                attrs = {"result_id": result_id, **{key: score[key] for key in SCORE_KEYS},
+                         "run_seeds": [r.seed for r in done]}
+                row.update(attrs)
+            return score, attrs
+
+        def mark(attrs: dict) -> None:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
 
         try:
+            if sampler == "grid" and study.sampler.is_exhausted(study):
+                log("the grid is exhausted: every point has a trial")
+                break
+            trial = study.ask()
+            mine.append(trial.number)
+            row = _local_row(trial.number)
+            local.append(row)
             values = {p.key: p.suggest(trial) for p in params}
+            row["params"] = values
             shown_params = " ".join(f"{k}={set_text(v)}" for k, v in values.items())
             try:
                 cfg = runner.make_config(rec, epochs, {**overrides, **values})
                 family.check(cfg, data, dev, dist.World())
             except ValueError as e:  # a combination the recipe refuses: that trial failed, the search goes on
-                trial.set_user_attr("error", " ".join(str(e).split())[:300])
+                row.update(state="fail", error=" ".join(str(e).split())[:300])
+                trial.set_user_attr("error", row["error"])
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                row["finished_utc"] = _utc(datetime.now(timezone.utc))
                 log(f"trial {trial.number}: {shown_params}: refused by the recipe ({e}); marked failed")
                 continue
             log(f"trial {trial.number}: {shown_params}; warm-up (untimed)")
             # this configuration's own compile, autotune and first-run costs, outside its timed seconds
             warmed = warm_up(family, cfg, data, dev, None, f"trial {trial.number}", log)
             warmup_seconds += warmed
+            row["warmup_seconds"] = warmed
             trial.set_user_attr("warmup_seconds", warmed)
             pruned_at = None
             for r in range(runs):
-                hook = _reporter(trial, r, objective) if prune else None
+                hook = _reporter(trial, r, objective, reported, storage_errors) if prune else None
                 try:
                     with boards.run_log(board, cfg, seed=seed + r, dataset=stored_as,
                                         steps=family.run_steps(cfg, data.num_train),
@@ -603,48 +988,77 @@ def _trials(optuna, study, family, rec, params, conn, path, log, *, base, trials
                     break
                 run.model = None
                 done.append(run)
+                if reported:  # the storage failed while this run reported to it: the run is kept, the sweep stops
+                    raise reported[0]
             with signals_held():  # the runs stored and the statistics set whole
-                score = keep()
+                score, attrs = keep()
+                mark(attrs)
             if pruned_at is not None:
+                row.update(state="pruned", pruned_at_epoch=pruned_at)
                 trial.set_user_attr("pruned_at_epoch", pruned_at)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                log(f"trial {trial.number}: pruned at run {len(done) + 1}, epoch {pruned_at} ({len(done)} run(s) "
-                    "finished)")
+                log(f"trial {trial.number}: pruned at run {len(done) + 1}, epoch {pruned_at} "
+                    f"({counted(len(done), 'run')} finished)")
             elif score["value"] is None:
+                row["state"] = "fail"
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 log(f"trial {trial.number}: no run finished; marked failed")
             else:
+                row.update(state="complete", value=score["value"])
                 study.tell(trial, score["value"])
                 log(f"trial {trial.number}: {_value_text(objective, score)}")
+            row["finished_utc"] = _utc(datetime.now(timezone.utc))
         except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error: the finished trials are kept
-            with signals_held(), contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                trial.set_user_attr("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            failed = _storage_failure(optuna, e, lock)
+            stop = e if failed is None else failed
+            error = f"{type(stop).__name__}: {' '.join(str(stop).split())[:300]}"
             with signals_held():
-                if cfg is not None and not kept:
-                    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                        keep()
-                study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+                attrs = keep()[1] if cfg is not None and not kept else {}
+                if row is not None and row["state"] == "running":
+                    row.update(state="fail", error=error, finished_utc=_utc(datetime.now(timezone.utc)))
+                for touch in (lambda: trial.set_user_attr("error", error), lambda: mark(attrs),
+                              lambda: study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)):
+                    if trial is None or failed is not None:
+                        break
+                    try:
+                        touch()
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        pass
+                    except storage_errors as also:  # the storage fails too: what finished is kept all the same
+                        failed = _storage_failure(optuna, also, lock)
             if done:
-                log(f"trial {trial.number}: stopped ({type(e).__name__}) after {len(done)} of {runs} run(s); "
-                    "those are kept, the trial marked failed")
+                log(f"trial {trial.number}: stopped ({type(stop).__name__}) after {len(done)} of "
+                    f"{counted(runs, 'run')}; those are kept, the trial marked failed")
             if not isinstance(e, KeyboardInterrupt) and not finished_runs:
+                if stop is not e:
+                    raise stop from None
                 raise
-            interrupt = e
+            interrupt = stop
             break
     return _report(optuna, study, rec, family, base, dev, dataset, runs, objective, epochs, seed, overrides,
-                   params, shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt)
+                   params, shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt, lock=lock,
+                   local=local, results=results, failed=failed)
 
 
-def _reporter(trial, run_index: int, objective: str) -> Callable[[dict], None]:
+def _reporter(trial, run_index: int, objective: str, failures: list[BaseException] | None = None,
+              storage_errors: tuple[type[BaseException], ...] = ()) -> Callable[[dict], None]:
     """The on_epoch callback of run `run_index`: each row with a test accuracy reported to the trial, and the run
-    stopped (_Pruned) when the pruner says so."""
+    stopped (_Pruned) when the pruner says so. A storage error (`storage_errors`) is put in `failures` and the run
+    goes on unpruned, reporting nothing more: a run the storage cannot hear of still finishes and is kept."""
     def on_epoch(row: dict) -> None:
         accuracy = row.get("val_acc")
-        if accuracy is None:
+        if accuracy is None or failures:
             return
         epoch = math.ceil(row.get("epoch") or 0)
-        trial.report(accuracy if objective == "accuracy" else 1.0 - accuracy, run_index * STEP_STRIDE + epoch)
-        if trial.should_prune():
+        try:
+            trial.report(accuracy if objective == "accuracy" else 1.0 - accuracy, run_index * STEP_STRIDE + epoch)
+            prune = trial.should_prune()
+        except storage_errors as e:
+            if failures is None:
+                raise
+            failures.append(e)
+            return
+        if prune:
             raise _Pruned(epoch)
 
     return on_epoch
@@ -661,9 +1075,11 @@ def _value_text(objective: str, score: dict) -> str:
             + ("reaches the target" if score["reached"] else "does not reach the target (penalized)"))
 
 
-def _store_runs(conn, family, rec, cfg, data, dev, done, dataset, runs, command, study_name, number, shown_params,
-                log) -> int | None:
-    """A trial's finished runs as a training result in the results database; its id (None: not stored, warned)."""
+
+def _store_runs(conn, family, rec, cfg, data, dev, done, dataset, runs, command, study_name, number,
+                shown_params) -> tuple[int | None, dict]:
+    """A trial's finished runs as a training result in the results database: (its id, None where it could not be
+    stored (warned), and the result, which the report carries either way)."""
     env = environment(dev)
     result = runner.Result(recipe=rec.name, dataset=str(dataset), device=dev.type, config=dataclasses.asdict(cfg),
                            runs=done, environment=env, runs_requested=runs, complete=len(done) == runs,
@@ -674,36 +1090,63 @@ def _store_runs(conn, family, rec, cfg, data, dev, done, dataset, runs, command,
                            peaks=peak.cached(dev, env["device_name"], cfg.cpu_threads or default_cpu_threads()))
     row = portable(result.to_dict())
     try:
-        return db.insert_result(conn, row)
-    except ValueError as e:  # db.UnusableDatabase: the runs are still in the study's user attributes
-        warn(f"trial {number}'s runs were not stored in the results database ({e})")
-        return None
+        return db.insert_result(conn, row), row
+    except ValueError as e:  # db.UnusableDatabase: the runs are still in the report and the study's attributes
+        warn(f"trial {number}'s runs were not stored in the results database ({e}); the sweep's report holds them")
+        return None, row
+
+
+def _carried(results: list[dict]) -> tuple[list[dict], int]:
+    """The newest training results that fit in MAX_REPORT_RESULT_BYTES, oldest first; how many were left out."""
+    kept, size = [], 0
+    for result in reversed(results):
+        size += len(json.dumps(result, default=str))
+        if size > MAX_REPORT_RESULT_BYTES:
+            break
+        kept.append(result)
+    return kept[::-1], len(results) - len(kept)
 
 
 def _report(optuna, study, rec, family, base, dev, dataset, runs, objective, epochs, seed, overrides, params,
-            shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt) -> dict:
-    """The study as the results database keeps it: every trial of every process so far, the best, importances."""
-    everything = study.get_trials(deepcopy=False)
-    completed = [t for t in everything if t.state == optuna.trial.TrialState.COMPLETE]
-    best = None
-    if completed:
-        best = _trial_row(study.best_trial)
-    importances, why_not = _importances(optuna, study, len(completed))
+            shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt, *, lock: _Lock, local: list[dict],
+            results: list[dict], failed: StorageFailed | None) -> dict:
+    """The study as the results database keeps it: every trial of every process so far, the best, importances,
+    and this process's trials' training results ("results", which `speedrun results import` stores as rows).
+    Where the storage failed (`failed`, or now), the trials are this process's own (`local`)."""
+    direction = OBJECTIVES[objective]
+    if failed is None:
+        try:
+            everything = [_trial_row(t) for t in study.get_trials(deepcopy=False)]
+            completed = [t for t in everything if t["state"] == "complete"]
+            best = _trial_row(study.best_trial) if completed else None
+            importances, why_not = _importances(optuna, study, len(completed))
+        except _storage_errors(optuna) as e:
+            failed = _storage_failure(optuna, e, lock)
+            interrupt = interrupt or failed
+    if failed is not None:
+        everything = local
+        completed = [t for t in local if t["state"] == "complete"]
+        pick = max if direction == "maximize" else min
+        best = pick(completed, key=lambda t: t["value"]) if completed else None
+        importances, why_not = None, "the study storage failed: these are this process's trials only"
     stop = None if interrupt is None or isinstance(interrupt, KeyboardInterrupt) else \
         f"{type(interrupt).__name__}: {' '.join(str(interrupt).split())[:500]}"
+    carried, left_out = _carried(results)
     env = environment(dev)
     report = {"benchmark": "sweep", "recipe": rec.name, "dataset": str(dataset), "device": dev.type,
               "study": study.study_name, "storage": shown, "objective": objective,
-              "direction": OBJECTIVES[objective], "target": base.target_accuracy, "runs": runs, "epochs": epochs,
+              "direction": direction, "target": base.target_accuracy, "runs": runs, "epochs": epochs,
               "seed": seed, "set": {k: set_text(v) for k, v in overrides.items()},
               "space": [dataclasses.asdict(p) for p in params], "sampler": sampler, "prune": prune,
               "penalty_seconds": PENALTY_S if objective == "time" else None,
               "complete": interrupt is None, "interrupted": isinstance(interrupt, KeyboardInterrupt), "failed": stop,
+              "storage_failed": None if failed is None else str(failed),
               "trials_total": len(everything), "trials_this_process": mine, "runs_finished": finished_runs,
               "warmup_seconds": warmup_seconds,
-              "trials": [_trial_row(t) for t in everything[-MAX_REPORT_TRIALS:]],
+              "trials": everything[-MAX_REPORT_TRIALS:],
               "best": best, "importances": importances, "importances_note": why_not,
               "timed_region": family.timed_region(base), "environment": env,
+              "results": carried, "results_left_out": left_out,
               "_interrupt": interrupt}
     return report
 

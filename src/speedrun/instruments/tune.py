@@ -30,7 +30,7 @@ from speedrun import dist
 from speedrun.config import check_int
 from speedrun.engine.loop import Diverged
 from speedrun.engine.system import resolve_device, resolve_system
-from speedrun.errors import print_line
+from speedrun.errors import counted, print_line
 from speedrun.instruments.bench import bench
 from speedrun.run import runner
 from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
@@ -138,7 +138,7 @@ def _verdict(setting: dict, changes_numbers: bool) -> tuple[bool, str]:
     v = setting.get("versus_baseline") or {}
     secs, acc = v.get("train_seconds"), v.get("accuracy")
     if setting.get("diverged"):
-        return False, f"{setting['diverged']} run(s) diverged"
+        return False, f"{counted(setting['diverged'], 'run')} diverged"
     if secs is None:
         return False, "n/a (needs 2+ runs a side)"
     low, high = secs["ratio_ci95"]

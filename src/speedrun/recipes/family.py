@@ -54,8 +54,10 @@ class Family(Protocol):
     def epochs_for_steps(self, cfg: Any, num_train: int, steps: int) -> float:
         """The epochs at which run_steps is exactly `steps` (a schedule compressed to a step count)."""
 
-    def load_data(self, dataset: str, *, data_dir: Any, image_size: int | None, log: Callable[[str], None]) -> Any:
-        """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples."""
+    def load_data(self, dataset: str, *, data_dir: Any, image_size: int | None, log: Callable[[str], None],
+                  smoke: bool = False) -> Any:
+        """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples. smoke:
+        for a smoke test, which may then read only what smoke() keeps of it."""
 
     def describe(self, data: Any) -> str:
         """One line: the data's name, sizes and image shape."""

@@ -15,13 +15,16 @@ import shlex
 import shutil
 import sqlite3
 import stat
+from collections.abc import Callable
 from datetime import date, datetime, time, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from speedrun.paths import user_path
-from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_train_result, load_result,
-                                          parse_result, runs_summary)
+from speedrun.errors import counted
+from speedrun.paths import check_writable as _check_writable
+from speedrun.paths import folder_trouble, make_dirs, symlink_loop, user_path
+from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_sweep_report, check_train_result,
+                                          load_result, parse_result, runs_summary)
 
 BUSY_TIMEOUT_S = 30.0
 _FIX = "give another file with --db PATH or SPEEDRUN_DB"
@@ -79,7 +82,14 @@ COLUMNS = ["id", "date", "kind", "recipe", "dataset", "device", "device_name", "
 # instruments store each setting's runs with their own command line (bench.run_and_store); ablate's two searches
 # are told apart by their flag.
 KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune", "sweep")
-Imported = NamedTuple("Imported", [("path", Path), ("id", "int | None"), ("error", "str | None"), ("new", bool)])
+
+
+class Imported(NamedTuple):
+    path: Path
+    id: int | None
+    error: str | None
+    new: bool
+    results: int = 0  # the training results a report carries (its settings' or trials'), stored with it
 
 
 def default_db_path() -> Path:
@@ -292,12 +302,29 @@ def _database_path(path: str | os.PathLike | None) -> Path:
     except (FileNotFoundError, NotADirectoryError):  # new (connect creates it), or a parent that is a file (says so)
         return path
     except (OSError, ValueError) as e:  # a symlink loop, a name too long, a folder we may not search, a NUL byte
-        raise ValueError(f"cannot use {name} as the results database ({getattr(e, 'strerror', None) or e}); "
-                         f"{_FIX}") from None
+        loop = symlink_loop(path) if getattr(e, "errno", None) == errno.ELOOP else None
+        why = loop or getattr(e, "strerror", None) or e
+        raise ValueError(f"cannot use {name} as the results database ({why}); {_FIX}") from None
     if not stat.S_ISREG(info.st_mode):
         what = next((text for test, text in _NOT_FILES if test(info.st_mode)), "not a regular file")
         raise ValueError(f"results database {name} is {what}, not a file; {_FIX}")
     return path
+
+
+def check_writable(path: str | os.PathLike | None = None) -> Path:
+    """The results database's file (connect's `path`), refused in one line where this process could not make it
+    (a folder it may not write, a file in the way) or write it: for a command to check before it makes its other
+    files, which connect, called last, would otherwise refuse with those files made."""
+    path = _database_path(path)
+    if os.path.exists(path) and not _may_write(path):
+        raise _unwritable(str(path))
+    _check_writable(path, "the results database", f"{_FIX}, one this process may write")
+    return path
+
+
+def _unwritable(name: str) -> UnusableDatabase:
+    return UnusableDatabase(f"cannot write to the results database {name}: this process may not write it or its "
+                            f"folder (a read-only mount, another user's file); {_FIX}, one this process may write")
 
 
 def _may_write(path: Path) -> bool:
@@ -373,10 +400,14 @@ def _connect(path: Path, readonly: bool) -> Connection:
             conn = _open_readonly(path, name)
         else:
             if os.path.exists(path) and not _may_write(path):  # SQLite would open it read-only and fail later
-                raise UnusableDatabase(f"cannot write to the results database {name}: this process may not write "
-                                       f"it or its folder (a read-only mount, another user's file); {_FIX}, one "
-                                       "this process may write")
-            path.parent.mkdir(parents=True, exist_ok=True)
+                raise _unwritable(name)
+            try:
+                make_dirs(path.parent)
+            except OSError as e:  # said as what is in the way (a file, a symlink loop), not "File exists"
+                if e.errno == errno.ENOSPC:
+                    raise
+                raise ValueError(f"cannot create results database {name} ({folder_trouble(path.parent, e)}); "
+                                 f"{_FIX}") from None
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=Connection)
     except (OSError, sqlite3.Error) as e:
         verb = "open" if readonly else "create"
@@ -463,17 +494,35 @@ def _at(obj, path: str, types: tuple, where: str = ""):
     return value
 
 
+class _Checked(NamedTuple):
+    """A result or report checked whole and made into what its rows hold (_checked), before any is written."""
+
+    digest: str
+    report: tuple | None  # a report's row
+    row: dict | None  # a training result's row
+    runs: list  # and its runs' rows
+
+
 def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[int, bool]:
     """(id, True) for a result or report stored now, (its id, False) for one stored before."""
+    return _write(conn, _checked(result, source))
+
+
+def _checked(result: dict, source: str | None) -> _Checked:
+    """`result` checked as the database takes it (a ValueError naming what is wrong), as rows; nothing touched."""
     _at(result, "", (dict,), "(the whole result)")
     try:
         text, digest = json.dumps(result, ensure_ascii=False, allow_nan=False), _sha256(result)
     except (TypeError, ValueError) as e:  # NaN or inf, or an object JSON cannot hold
         raise ValueError(f"result cannot be stored as strict JSON ({e})") from None
+    report, row, runs = None, None, []
     if "benchmark" in result:  # a benchmark script's report: kept whole, listed by query_reports
         stamp = _at(result, "environment.timestamp_utc", OPT_STR)
         report = (_at(result, "benchmark", (str,)), stamp and _utc(stamp, "environment.timestamp_utc"),
                   _at(result, "command", OPT_STR), source, digest, text)
+        _at(result, "results", (list, type(None)))  # the training results it carries (_carried), if any
+        if report[0] == "sweep":  # the report's study section draws its trials
+            check_sweep_report(result)
     else:  # a training result: its runs checked as compare reads them (the one check), then the row and the runs
         check_train_result(result)
         row = {key: _at(result, key, (str,)) for key in ("recipe", "dataset", "device")}
@@ -488,12 +537,17 @@ def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[
                    hit_rate=summary["hit_rate"], mean_seconds=summary["mean_seconds"],
                    std_seconds=summary["std_seconds"])
         _at(result, "cost.timed_usd_per_run", OPT_NUM)  # read by _DERIVED: a number or nothing
-        runs = []
         for i, run in enumerate(_at(result, "runs", (list,))):
             history = _at(_at(run, "", (dict,), f"runs[{i}]"), "history", (list, type(None)), f"runs[{i}].history")
             runs.append((i, *(_at(run, key, types, f"runs[{i}].{key}") for key, types in RUN_FIELDS),
                          run.get("diverged") is not None,
                          None if history is None else json.dumps(history, separators=(",", ":"))))
+    return _Checked(digest, report, row, runs)
+
+
+def _write(conn: sqlite3.Connection, checked: _Checked) -> tuple[int, bool]:
+    """Store what _checked made of a result: (id, True) when new, (its id, False) for one stored before."""
+    digest, report, row, runs = checked
     with _transaction(conn):
         # Results and reports share one id sequence (ids are never deleted, so max + 1 is new).
         found, new_id = conn.execute("SELECT (SELECT id FROM results WHERE sha256 = ?1 UNION ALL SELECT id FROM "
@@ -501,7 +555,7 @@ def _store(conn: sqlite3.Connection, result: dict, source: str | None) -> tuple[
                                      "coalesce((SELECT max(id) FROM reports), 0)) + 1", (digest,)).fetchone()
         if found is not None:
             return found, False
-        if "benchmark" in result:
+        if report is not None:
             conn.execute("INSERT INTO reports (id, kind, created_utc, command, source, sha256, json) VALUES "
                          "(?, ?, ?, ?, ?, ?, ?)", (new_id, *report))
         else:
@@ -593,21 +647,55 @@ def get_result(conn: sqlite3.Connection, id: int) -> dict:
     raise ValueError(f"no stored result #{id}; `speedrun results` lists them")
 
 
-def import_files(conn: sqlite3.Connection, paths) -> list[Imported]:
+def _carried(report: dict, source: str) -> list[_Checked]:
+    """The training results a benchmark report carries in "results" (bench's, ablate's and to_target's settings,
+    sweep's trials: the rows the command stored beside the report), each checked (_checked); a bad one is refused
+    naming it, before any is stored."""
+    carried = report.get("results") if "benchmark" in report else None
+    if not isinstance(carried, list):  # absent or null (another type: _checked refuses the report)
+        return []
+    checked = []
+    for i, result in enumerate(carried):
+        try:
+            if not isinstance(result, dict) or "benchmark" in result:
+                raise ValueError("not a training result")
+            checked.append(_checked(result, source))
+        except ValueError as e:
+            raise ValueError(f"results[{i}], a training result the report carries: {e}") from None
+    return checked
+
+
+Connector = Callable[[], sqlite3.Connection]
+
+
+def import_files(conn: sqlite3.Connection | Connector, paths) -> list[Imported]:
     """Store each result file; a bad file gets id None and an error, and the others are stored all the same.
-    new: False for a file stored before (as #id)."""
+    new: False for a file stored before (as #id). Each file is read and checked whole (a report with the training
+    results it carries) before anything of it is stored. `conn`: the database, or a function that opens it, called
+    at the first file that passes (no database is made or changed for files that are all refused)."""
 
     done = []
+    opened = conn if isinstance(conn, sqlite3.Connection) else None
     for path in map(Path, paths):
+        source = os.path.abspath(path)
         try:
-            new_id, new = _store(conn, load_result(path), os.path.abspath(path))
-            done.append(Imported(path, new_id, None, new))
-        except UnusableDatabase as e:  # the database's fault, not the file's: every file after it would fail alike
-            before = sum(entry.error is None for entry in done)
-            raise UnusableDatabase(f"{e}; {path} and the files after it were not imported"
-                                   + (f" (the {before} file(s) before it were)" if before else "")) from None
+            result = load_result(path)
+            carried, checked = _carried(result, source), _checked(result, source)
         except (ValueError, OSError, RecursionError) as e:  # OSError: in the system's words
             # what is wrong, without a fix: the command names one for every file it could not import
             error = e.reason if isinstance(e, UnreadableResult) else getattr(e, "strerror", 0) or str(e)
             done.append(Imported(path, None, error.removeprefix(f"{path}: "), False))
+            continue
+        if opened is None:  # the database's own refusal is the command's, not this file's
+            opened = conn()
+        try:
+            for each in carried:  # first, as the command stored them, so that the rows list as its command's did
+                _write(opened, each)
+            new_id, new = _write(opened, checked)
+            done.append(Imported(path, new_id, None, new, len(carried)))
+        except UnusableDatabase as e:  # the database's fault, not the file's: every file after it would fail alike
+            before = sum(entry.error is None for entry in done)
+            raise UnusableDatabase(f"{e}; {path} and the files after it were not imported"
+                                   + (f" (the {counted(before, 'file')} before it {'was' if before == 1 else 'were'})"
+                                      if before else "")) from None
     return done

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from speedrun.errors import warn
+from speedrun.errors import counted, warn
 
 # Environment variables that select a slower path, each with the values that turn it on as the library reading it
 # parses them: inductor's config reads TORCH_COMPILE_DEBUG == "1"; the CUDA runtime's CUDA_LAUNCH_BLOCKING and
@@ -87,8 +87,8 @@ def guard(strict: bool, device: torch.device | str | None = None) -> list[str]:
     line, and returned (for the result); strict: refused instead (ValueError, one line naming them all)."""
     found = active(device)
     if found and strict:
-        raise ValueError(f"--strict: {len(found)} debugging switch(es) would slow this run: "
-                         + "; ".join(found) + " (or run without --strict to train anyway, with a warning)")
+        raise ValueError(f"--strict: {counted(len(found), 'debugging switch', 'debugging switches')} would slow this "
+                         "run: " + "; ".join(found) + " (or run without --strict to train anyway, with a warning)")
     for line in found:
         warn(f"slower than it could be: {line}")
     return found

@@ -4,7 +4,9 @@ environment.py's. Tables and README records are generated from these files."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.paths import user_path
+from speedrun.errors import clip
+from speedrun.paths import check_file_name, check_writable, folder_trouble, make_dirs, user_path
 from speedrun.records.stats import summarize
 
 
@@ -54,6 +57,33 @@ def portable(obj):
     return json.loads(json.dumps(_finite_or_null(obj), default=_to_json, allow_nan=False))
 
 
+def unencodable(obj) -> str | None:
+    """Where in parsed JSON `obj` a string (a key or a value) is that UTF-8 cannot encode, as "device_name" or
+    "measured.rows[2]"; None when there is none. JSON's escape "\\udc80" reads as a lone surrogate, which Python
+    keeps but no database or strict JSON writer takes: a file that holds one, stored in a result, would lose the
+    result's row at the end of the run. Walked without recursion: `obj` may be nested deep."""
+    stack: list[tuple[object, str]] = [(obj, "")]
+    while stack:
+        value, where = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in items:
+            at = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and not _encodes(key):
+                return f"a key in {clip(where, 80) if where else 'the top object'}"
+            stack.append((child, at))
+        if isinstance(value, str) and not _encodes(value):
+            return clip(where, 80) if where else "the whole value"
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def write_json(path: str | Path, obj) -> Path:
     """Write obj as JSON at path atomically: readers see the old file or the whole new one, never a part.
 
@@ -78,7 +108,7 @@ def write_text(path: str | Path, text: str, mode: int = 0o644) -> Path:
 
 
 def _write_atomically(path: Path, text: str, mode: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     # A short temporary name: the result's own name may be near the file system's 255-character limit.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speedrun-result-", suffix=".tmp")
     try:
@@ -114,6 +144,26 @@ def _slug(text: str, what: str) -> str:
     return slug
 
 
+def results_root() -> Path:
+    """The folder of default result files: $SPEEDRUN_RESULTS, else ./results."""
+    # expanded as SPEEDRUN_DATA is: a literal "~" folder invites a later `rm -rf ~`
+    return user_path(os.environ.get("SPEEDRUN_RESULTS") or "results", "SPEEDRUN_RESULTS")
+
+
+def check_result_path(path: str | os.PathLike | None, flag: str = "--json") -> None:
+    """What claim_result_path(path) (default_result_path, for None) would refuse for its name or for want of a
+    folder it may write, checked by a command before it makes any of its files."""
+    if path is None:
+        check_writable(results_root(), "the results folder (SPEEDRUN_RESULTS, else ./results)",
+                       f"set SPEEDRUN_RESULTS to a writable directory or give a path ({flag})", folder=True)
+        return
+    check_file_name(path, flag)
+    path = user_path(path, flag)
+    if os.path.lexists(path):
+        raise _taken(path, flag)
+    check_writable(path, flag, f"choose a writable path ({flag})")
+
+
 def default_result_path(recipe: str, dataset: str, root: str | Path | None = None, extension: str = ".json") -> Path:
     """A fresh results/YYYYmmdd-HHMMSS-<recipe>-<dataset>.json (UTC; `extension` in place of .json), claimed so no
     other run can take it.
@@ -123,9 +173,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     atomic even between processes; write_json later replaces it whole. An empty file therefore marks a run that
     never finished, and load_result says so.
     """
-    if root is None:
-        root = os.environ.get("SPEEDRUN_RESULTS") or "results"
-    root = user_path(root, "SPEEDRUN_RESULTS")  # as SPEEDRUN_DATA: a literal "~" folder invites a later `rm -rf ~`
+    root = results_root() if root is None else user_path(root, "SPEEDRUN_RESULTS")
     dataset_name = os.path.basename(str(dataset).rstrip("/\\")) or str(dataset)
     try:
         dataset_slug = _slug(dataset_name[:64], "dataset")
@@ -134,7 +182,7 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
     stem = "-".join([datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"), _slug(recipe, "recipe"), dataset_slug])
     suffix = 1
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        make_dirs(root)
         while True:
             candidate = root / (f"{stem}{extension}" if suffix == 1 else f"{stem}-{suffix}{extension}")
             try:
@@ -143,27 +191,12 @@ def default_result_path(recipe: str, dataset: str, root: str | Path | None = Non
                 suffix += 1
                 continue
             return candidate
-    except OSError as e:
-        raise ValueError(f"cannot create a result file in {root} ({e.strerror}); set SPEEDRUN_RESULTS to a writable "
-                         "directory or give a path (json_path / --json)") from None
+    except OSError as e:  # a file or a symlink loop named as such, not as "File exists"
+        raise ValueError(f"cannot create a result file in {root} ({folder_trouble(root, e)}); set SPEEDRUN_RESULTS to "
+                         "a writable directory or give a path (--json)") from None
 
 
-def check_file_name(path: str | os.PathLike, flag: str) -> None:
-    """Refuse (one line) an output path that is empty or names a folder by its form: what `flag` (--json, --trace,
-    --apply ...) takes is a file's name, which a folder's form (the user's "sub/dir/", meant as a folder to put the
-    result in) would silently turn into a file of the folder's name."""
-    text = os.fsdecode(path)
-    if not text.strip():
-        raise ValueError(f"{flag} {text!r} is empty; give a file name, e.g. result.json")
-    separators = tuple(sep for sep in (os.sep, os.altsep, "/") if sep)
-    last = re.split("|".join(map(re.escape, separators)), text)[-1]
-    if text.endswith(separators) or last in (".", ".."):
-        folder = text.rstrip("".join(separators)) or text
-        raise ValueError(f"{flag} {text!r} names a folder; give a file name, e.g. "
-                         f"{os.path.join(folder, 'result.json')}")
-
-
-def claim_result_path(path: str | Path, flag: str = "json_path / --json") -> Path:
+def claim_result_path(path: str | Path, flag: str = "--json") -> Path:
     """Create `path` empty and exclusively, so a result never replaces a file and an unwritable path fails now.
     `flag`: what the user gave the path with, for the message (`--trace`, `--apply`, ...). An empty name, and one
     that names a folder by its form (a trailing separator, a last part "." or ".."), are refused: a Path drops
@@ -177,20 +210,47 @@ def claim_result_path(path: str | Path, flag: str = "json_path / --json") -> Pat
     if is_dir:
         raise ValueError(f"result path {path} is a directory; give a file name ({flag})")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # mkdir met a file (or a symlink loop) where a folder should be
-        raise ValueError(f"cannot create the result file {path}: {path.parent} is not a folder; choose another "
+        make_dirs(path.parent)
+    except OSError as e:  # a file or a symlink loop where a folder should be, a folder we may not write ...
+        raise ValueError(f"cannot create the result file {path} ({folder_trouble(path.parent, e)}); choose another "
                          f"path ({flag})") from None
-    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the name
+    except ValueError as e:  # a NUL byte in the name
         raise _cannot_create(path, e, flag) from None
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
-        raise ValueError(f"result file {path} already exists and is never replaced; choose a new path "
-                         f"({flag}) or move the old file away") from None
+        raise _taken(path, flag) from None
     except (OSError, ValueError) as e:
         raise _cannot_create(path, e, flag) from None
     return path
+
+
+def _taken(path: Path, flag: str) -> ValueError:
+    """The refusal of a result path where something is (a result is never written over anything)."""
+    if os.path.isdir(path):
+        return ValueError(f"result path {path} is a directory; give a file name ({flag})")
+    if os.path.islink(path) and not os.path.exists(path):  # O_EXCL refuses a link to nothing as well
+        return ValueError(f"result path {path} is {_dangling(path)}; choose a new path ({flag}) or remove the link")
+    with contextlib.suppress(OSError):
+        if os.path.isfile(path) and os.path.getsize(path) == 0:  # a claim: a command writes it at its end
+            return ValueError(f"result file {path} is empty: the claim of a command still running, or of one killed "
+                              f"before it could write (SIGKILL); delete it if no command is writing it, or choose a "
+                              f"new path ({flag})")
+    return ValueError(f"result file {path} already exists and is never replaced; choose a new path ({flag}) or move "
+                      "the old file away")
+
+
+def _dangling(path: Path) -> str:
+    """What the link `path`, which leads to no file, is: a loop, or a link to a missing name."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop"
+    try:
+        return f"a link to {os.readlink(path)}, which does not exist"
+    except OSError:  # replaced meanwhile
+        return "a link to a file that does not exist"
 
 
 def _cannot_create(path: Path, e: OSError | ValueError, flag: str) -> ValueError:
@@ -329,6 +389,53 @@ def check_train_result(result: dict) -> dict:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not a number in [{low:g}, {high:g}]")
     return result
+
+
+# A sweep trial's objective value: its mean accuracy (a fraction), or for the time objective its mean seconds, plus a
+# penalty of about 1e6 s times (1 + shortfall) where it missed the target (instruments/sweep.py): far below this.
+MAX_SWEEP_TIME_VALUE = 1e10
+
+
+def check_sweep_report(report: dict) -> dict:
+    """`report` when it is a sweep report (instruments/sweep.py) whose trials can be drawn as stored; else a
+    ValueError naming the field and what it holds (the caller names the file or stored id). The report's study
+    section draws what a trial states, so an impossible one (an accuracy of 1e308, an interval past the mean's
+    range) would be drawn as "inf%" or take the chart with it: objective "accuracy" or "time"; trials a list and
+    best null or one trial, each a dict with a non-negative integer number, a state, params a dict, n a
+    non-negative integer or null, p in [0, 1], mean and each end of ci95 ([low, high], low <= high) in [0, 1] for
+    accuracy or in [0, 3.2e8] seconds for time (RUN_RANGES), value in [0, 1], or [0, MAX_SWEEP_TIME_VALUE]."""
+    objective = report.get("objective")
+    if objective not in ("accuracy", "time"):
+        raise ValueError(f"sweep report field 'objective' is {objective!r:.40}, not 'accuracy' or 'time'")
+    trials = report.get("trials")
+    if not isinstance(trials, list):
+        raise ValueError(f"sweep report field 'trials' is {type(trials).__name__}, not a list of trials")
+    low, high = RUN_RANGES["accuracy" if objective == "accuracy" else "train_seconds"]
+    ranges = {"mean": (low, high), "value": (0.0, 1.0 if objective == "accuracy" else MAX_SWEEP_TIME_VALUE),
+              "p": (0.0, 1.0)}
+    best = report.get("best")
+    for where, trial in [*((f"trials[{i}]", t) for i, t in enumerate(trials)),
+                         *([] if best is None else [("best", best)])]:
+        if not isinstance(trial, dict):
+            raise ValueError(f"sweep report field {where!r} is {type(trial).__name__}, not a trial (a dict)")
+        number, n, ci = trial.get("number"), trial.get("n"), trial.get("ci95")
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 2**63:
+            raise ValueError(f"sweep report field '{where}.number' is {number!r:.40}, not a trial number (an "
+                             "integer >= 0)")
+        if not isinstance(trial.get("state"), str) or not isinstance(trial.get("params", {}), dict):
+            raise ValueError(f"sweep report field {where!r} has no state (text) or params (a dict) of a trial")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**63):
+            raise ValueError(f"sweep report field '{where}.n' is {n!r:.40}, not a count of runs")
+        for key, (least, most) in ranges.items():
+            value = trial.get(key)
+            if value is not None and (not _is_number(value) or not least <= value <= most):
+                raise ValueError(f"sweep report field '{where}.{key}' is {value!r:.40}, not a number in "
+                                 f"[{least:g}, {most:g}] ({objective} objective)")
+        if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(
+                _is_number(end) and low <= end <= high for end in ci) and ci[0] <= ci[1]):
+            raise ValueError(f"sweep report field '{where}.ci95' is {ci!r:.60}, not an interval [low, high] in "
+                             f"[{low:g}, {high:g}] ({objective} objective)")
+    return report
 
 
 def runs_summary(result: dict) -> dict:

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from speedrun.errors import warn
-from speedrun.records.result_file import read_bounded, write_json
+from speedrun.records.result_file import read_bounded, unencodable, write_json
 
 VERSION = 1
 ENVIRONMENT = "$SPEEDRUN_SETTINGS"
@@ -44,6 +44,35 @@ KEYS = frozenset({"precision", "channels_last", "compile", "compile_mode", "cudn
                   "half_weights", "check_finite_every_steps", "index_free_eval_pool", "muon_ns_compile"})
 # What wrote a file ("written_by"; absent: tune, which wrote every file before sweeps did).
 WRITERS = ("tune", "sweep")
+# Every key a settings file holds at its top (what write_settings writes): another one is a typo or another program's
+# field, which must not pass as read.
+TOP_KEYS = ("speedrun_settings", "recipe", "device", "device_name", "settings", "measured", "written_by")
+
+
+class _RepeatedKey(ValueError):
+    """A key that one JSON object of the file holds twice (json keeps the last without a word)."""
+
+
+def _no_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object as a dict, refusing a key it holds twice."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _nesting(text: str) -> int:
+    """How deep the arrays and objects of JSON `text` go, counted without parsing (the parser recurses)."""
+    depth = deepest = 0
+    for c in re.sub(r'"(?:[^"\\]|\\.)*"', "", text):  # strings' brackets are not nesting
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
 
 
 class SweepSettings(dict):
@@ -71,13 +100,32 @@ def read_settings(path: str | os.PathLike) -> dict:
     if len(raw) > MAX_SETTINGS_BYTES:
         raise ValueError(f"settings file {shown}: over {MAX_SETTINGS_BYTES:,} bytes, not a settings file; {fix}")
     try:
-        obj = json.loads(raw.decode("utf-8-sig"))  # utf-8-sig: a leading byte order mark is skipped
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ValueError(f"settings file {shown}: not JSON; {fix}") from None
+        text = raw.decode("utf-8-sig")  # utf-8-sig: a leading byte order mark is skipped
+    except UnicodeDecodeError as e:
+        raise ValueError(f"settings file {shown}: not JSON: not UTF-8 text ({e.reason} at byte {e.start}); "
+                         f"{fix}") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_repeats)
+    except _RepeatedKey as e:
+        raise ValueError(f"settings file {shown}: the key {_key(e.args[0])} appears twice in one object (a JSON "
+                         f"reader keeps the last unseen); keep the one meant; {fix}") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python converts
+        raise ValueError(f"settings file {shown}: not JSON ({e}); {fix}") from None
+    except RecursionError:
+        raise ValueError(f"settings file {shown}: JSON nested {_nesting(text):,} levels deep, too deep to read (a "
+                         f"settings file nests {MAX_MEASURED_DEPTH + 1} levels at most); {fix}") from None
     # exactly the int: true == 1 and 1.0 == 1 in Python, and neither is what write_settings writes
     version = obj.get("speedrun_settings") if isinstance(obj, dict) else None
     if type(version) is not int or version != VERSION:
         raise ValueError(f"settings file {shown}: not a speedrun settings file (version {VERSION}); {fix}")
+    unknown = [key for key in obj if key not in TOP_KEYS]
+    if unknown:
+        raise ValueError(f"settings file {shown}: unknown key {_key(unknown[0])}; a settings file holds "
+                         f"{', '.join(TOP_KEYS)}; remove it, or {fix}")
+    where = unencodable(obj)
+    if where is not None:  # every result trained with the file carries its strings: its row would be lost
+        raise ValueError(f"settings file {shown}: the string at {where} is no text UTF-8 can hold (a lone surrogate, "
+                         f"as a JSON escape such as \\udc80 writes), which no result can store; {fix}")
     settings = obj.get("settings")
     if not (isinstance(obj.get("recipe"), str) and isinstance(obj.get("device"), str) and isinstance(settings, dict)):
         raise ValueError(f"settings file {shown}: recipe, device and settings are missing or malformed; {fix}")
@@ -95,6 +143,11 @@ def read_settings(path: str | os.PathLike) -> dict:
         raise ValueError(f"settings file {shown}: written_by is {str(obj.get('written_by'))[:40]!r}, not one of "
                          f"{', '.join(WRITERS)}; {fix}")
     return obj
+
+
+def _key(key: str) -> str:
+    """A key from the file for a message: quoted, and cut short (a key may be 60,000 characters)."""
+    return repr(key) if len(key) <= 60 else f"{key[:40]!r}... ({len(key):,} characters)"
 
 
 def _measured_problem(measured) -> str | None:

@@ -17,9 +17,15 @@ import math
 import numbers
 import os
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
-import scipy.stats
+
+def _student_t() -> Any:
+    """scipy.stats.t, imported on first use: scipy.stats takes about half a second to import, which a command
+    that computes no interval or p-value (a single run, a smoke test, --help) should not pay."""
+    import scipy.stats
+
+    return scipy.stats.t
 
 
 def _check_df(df: float) -> float:
@@ -35,7 +41,7 @@ def t_cdf(t: float, df: float) -> float:
     t = float(t)
     if math.isnan(t):
         raise ValueError("t is NaN; check the inputs for NaN or zero variance")
-    return float(scipy.stats.t.cdf(t, df))
+    return float(_student_t().cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -44,7 +50,7 @@ def t_quantile(p: float, df: float) -> float:
     p = float(p)
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must lie strictly between 0 and 1, got {p}; for a 95% interval use 0.975")
-    return float(scipy.stats.t.ppf(p, df))
+    return float(_student_t().ppf(p, df))
 
 
 @dataclass
@@ -72,7 +78,8 @@ def _moments(values: Sequence[float], name: str, min_n: int = 1) -> tuple[int, f
     of range is a ValueError naming it."""
     xs = [float(v) for v in values]
     if len(xs) < min_n:
-        raise ValueError(f"{name} needs at least {min_n} value(s), got {len(xs)}; run more seeds (--runs)")
+        raise ValueError(f"{name} needs at least {min_n} value{'' if min_n == 1 else 's'}, got {len(xs)}; run more "
+                         "seeds (--runs)")
     if any(not math.isfinite(v) for v in xs):
         raise ValueError(f"{name} contains NaN or inf: {xs}; drop the failed runs first")
     n = len(xs)
@@ -177,7 +184,7 @@ def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     _finite("welch_t_test()", d)
     t = d / se
     # The upper tail directly, not 1 - cdf, so that small p-values keep their digits.
-    p = 2.0 * float(scipy.stats.t.sf(abs(t), _satterthwaite(se_a, se_b, na, nb)))
+    p = 2.0 * float(_student_t().sf(abs(t), _satterthwaite(se_a, se_b, na, nb)))
     return t, p
 
 
@@ -340,7 +347,7 @@ def one_sided_p(mean: float, std: float | None, n: int, target: float) -> float 
         return 0.0 if mean > target else 1.0
     # The upper tail directly, not 1 - cdf, so that small p-values keep their digits; a t past the float range is
     # +-inf, whose tail scipy gives as 0 or 1.
-    return float(scipy.stats.t.sf((mean - target) / se, n - 1))
+    return float(_student_t().sf((mean - target) / se, n - 1))
 
 
 def reaches_target(mean: float, std: float | None, n: int, target: float,

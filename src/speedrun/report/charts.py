@@ -71,6 +71,11 @@ def accuracy_vs_time(title: str, points: list[dict], targets: list[float]) -> by
 
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         ax.xaxis.set_minor_formatter(FuncFormatter(minor))
+    if len(set(seconds)) == 1:
+        # One time (a single point, or several at one time): matplotlib would span 5% either side of it, a scale
+        # that reads as a spread the data has not; from 0 to twice the time, the axis shows its size instead.
+        widest = max(seconds[0] + (p["std_seconds"] or 0) for p in points)
+        ax.set_xlim(0.0, max(2 * seconds[0], 1.2 * widest) if seconds[0] > 0 else 1.0)
     ax.set_xlabel("mean timed seconds per run" + (" (log scale)" if log else ""))
     ax.set_ylabel("mean test accuracy, %")
     ax.set_title(_label(title, TITLE_CHARS), fontsize=10)

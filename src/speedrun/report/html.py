@@ -11,6 +11,7 @@ import sqlite3
 from datetime import datetime, timezone
 from html import escape
 
+from speedrun.errors import counted
 from speedrun.report import charts
 from speedrun.report import queries as rep
 from speedrun.report import study
@@ -67,18 +68,19 @@ def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
                           f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'])
         out.append(_table(["#", "recipe", "device", "test acc %", "timed s", "cost/run", "n", "p", "hit", "date",
                            "command", "fingerprint"], cells, ["reached" if rep.has_reached(r) else "" for r in rows]))
-        out += _not_shown(board, len(rows), "leaderboard(s)")
+        out += _not_shown(board, len(rows), "leaderboard")
     return out
 
 
-def _not_shown(board: dict, shown: int, boards: str) -> list[str]:
-    """The notes under a board: its rows past the `shown` ones, and the `boards` past the page's cap."""
+def _not_shown(board: dict, shown: int, kind: str) -> list[str]:
+    """The notes under a board: its rows past the `shown` ones, and the boards of this `kind` past the page's
+    cap."""
     notes = []
     if len(board["rows"]) > shown:
-        notes.append(f'<p class="note">{len(board["rows"]) - shown} more row(s) not shown.</p>')
+        notes.append(f'<p class="note">{counted(len(board["rows"]) - shown, "more row")} not shown.</p>')
     if board.get("more"):
-        notes.append(f'<p class="note">{board["more"]} more {boards} not shown (`speedrun results` lists '
-                     'every result).</p>')
+        notes.append(f'<p class="note">{counted(board["more"], "more " + kind)} not shown (`speedrun results` '
+                     'lists every result).</p>')
     return notes
 
 
@@ -103,7 +105,7 @@ def _speed_boards(boards: list[dict]) -> list[str]:
                   f'<span class="fp">{escape(rep.fingerprint_text(r))}</span>'] for i, r in enumerate(rows)]
         out.append(_table(["#", "recipe", "device", "timed s", "cost/run", "n", "date", "command", "fingerprint"],
                           cells))
-        out += _not_shown(board, len(rows), "board(s)")
+        out += _not_shown(board, len(rows), "board")
     return out
 
 
@@ -229,7 +231,8 @@ def page(conn: sqlite3.Connection, alpha: float | None = None) -> str:
     results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = ["<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
-            f'{results} stored result(s) and {reports} report(s). Nothing on this page loads from the network.</p>',
+            f'{counted(results, "stored result")} and {counted(reports, "report")}. Nothing on this page loads '
+            'from the network.</p>',
             '<p><a href="#leaderboard">leaderboards</a> · '
             + ('<a href="#speed">speed only (synthetic data)</a> · ' if speed else '')
             + '<a href="#accuracy-time">accuracy against time</a> · <a href="#curves">learning curves</a> · '

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from speedrun.errors import print_line
+from speedrun.paths import check_file_name
 from speedrun.records import db
 from speedrun.records.result_file import write_text
 from speedrun.report import html as report_html
@@ -39,10 +40,12 @@ def check_out(text: str | None, default: str = DEFAULT_OUT) -> Path:
     if text == "":
         raise ValueError("--out needs a file name, e.g. --out report.html")
     where = text or default
+    check_file_name(where, "--out")  # realpath would drop the "/" of "report/", a folder's form
     path = Path(os.path.realpath(text or default))
     try:
         info = os.stat(path)
     except FileNotFoundError:
+        md.check_replaceable(path, "--out", where)
         return path
     except OSError as e:
         raise ValueError(f"cannot check --out {where} ({e.strerror}); give another file") from None
@@ -58,6 +61,7 @@ def check_out(text: str | None, default: str = DEFAULT_OUT) -> Path:
     if GENERATOR.encode() not in head:
         raise ValueError(f"--out {where} exists and is not a speedrun report; give another file name (an earlier "
                          "report is replaced, nothing else is)")
+    md.check_replaceable(path, "--out", where, info)
     return path
 
 
@@ -99,10 +103,18 @@ def publish(db_path: str | os.PathLike | None = None, *, out: str | None = None,
         except sqlite3.Error as e:  # a damaged file, or tables changed by hand
             raise ValueError(f"cannot read the results database {path} ({e}); it is damaged or "
                              f"was changed by another program; give another with --db PATH") from None
-    for target, text, mode, names in writes:
-        write_text(target, text, mode)
+    for target, text, mode, names, flag in writes:
+        _write(target, text, mode, flag)
         log(f"rewrote the generated {names} section{'s' if ' and ' in names else ''} of {target}")
     if html is not None:
         check_out(out)  # again: drawing takes seconds; a file may have appeared
-        write_text(out_path, html)
+        _write(out_path, html, 0o644, "--out")
         log(f"report: {out_path} ({len(html.encode()) // 1024} KB)")
+
+
+def _write(target: Path, text: str, mode: int, flag: str) -> None:
+    """write_text, its failure one line naming `flag`'s file and a fix (markdown.write_error)."""
+    try:
+        write_text(target, text, mode)
+    except OSError as e:
+        raise md.write_error(target, flag, e) from None

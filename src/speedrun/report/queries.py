@@ -19,9 +19,9 @@ import json
 import math
 import sqlite3
 
-from speedrun.errors import printable
+from speedrun.errors import counted, printable
 from speedrun.recipes import RECIPES
-from speedrun.records import stats
+from speedrun.records import db, stats
 from speedrun.records.stats import interval_text, reaches_target, record_alpha, record_p_text
 from speedrun.report.charts import finite
 
@@ -107,19 +107,32 @@ def board_name(board: dict) -> str:
     return f"{clip_text(board['dataset'], 200)} ({board['family']} family)"
 
 
+# What an instrument's stored setting is, by the instrument that stored it (db.result_kind); any other: a bench's
+SETTING_NAMES = {"sweep": ("sweep trial", "sweep trials"),
+                 "tune": ("setting of the doctor (tune)", "settings of the doctor (tune)"),
+                 "ablate": ("setting of a bench or an ablation", "settings of benches or ablations")}
+
+
 def unranked_text(conn: sqlite3.Connection) -> str:
     """Why the leaderboards hold nothing though results are stored, in words: "No result is stored yet.", or how
-    many stored results are smoke tests, incomplete, a bench's or ablation's settings, or without an accuracy (the
-    leaderboards rank none of these), and what ranks."""
-    smoke, incomplete, settings, stored = conn.execute(
+    many stored results are smoke tests, incomplete, an instrument's settings (a bench's or ablation's, a sweep's
+    trials, the doctor's), or without an accuracy (the leaderboards rank none of these), and what ranks."""
+    smoke, incomplete, stored = conn.execute(
         f"""SELECT coalesce(sum(coalesce({_json_at('$.smoke_test')}, 0) != 0), 0),
-        coalesce(sum(NOT coalesce({_json_at('$.complete')}, 1)), 0),
-        coalesce(sum(instr(coalesce(command, ''), '  # setting ') > 0), 0), count(*) FROM results""").fetchone()
+        coalesce(sum(NOT coalesce({_json_at('$.complete')}, 1)), 0), count(*) FROM results""").fetchone()
     if not stored:
         return "No result is stored yet."
-    parts = [f"{n} {what}" for n, what in ((smoke, "smoke test(s): pipeline checks, not results"),
-                                           (incomplete, "incomplete (interrupted)"),
-                                           (settings, "a bench's or ablation's setting(s)")) if n]
+    settings: dict[tuple[str, str], int] = {}
+    for (command,) in conn.execute("SELECT command FROM results WHERE instr(coalesce(command, ''), '  # setting ') "
+                                   "> 0"):
+        kind = db.result_kind(command if isinstance(command, str) else None, False)
+        what = SETTING_NAMES.get(kind, SETTING_NAMES["ablate"])
+        settings[what] = settings.get(what, 0) + 1
+    parts = [counted(n, *what) for n, what in ((smoke, ("smoke test", "smoke tests")),
+                                                (incomplete, ("incomplete (interrupted)", "incomplete (interrupted)")),
+                                                *((n, what) for what, n in settings.items())) if n]
+    if smoke:  # the first part: what a smoke test is, once
+        parts[0] += ": pipeline checks, not results"
     return (f"No stored result is ranked: of the {stored} stored, " + ("; ".join(parts) or "none has an accuracy")
             + ". A `speedrun train` without --smoke, run to its end, is ranked.")
 
@@ -202,10 +215,14 @@ def hits_text(row: dict) -> str:
 
 
 def fingerprint_text(row: dict) -> str:
+    """What a result ran on, in a cell: the commit, torch, and on a GPU its CUDA and driver (a CPU run has neither:
+    a CPU build of torch has no CUDA, and a CUDA build run on the CPU used none), the processes."""
     commit = "-" if not isinstance(row["commit"], str) else row["commit"][:10] + ("+dirty" if row["dirty"] else "")
+    gpu = [] if row.get("device") == "cpu" else [f"CUDA {row['cuda'] or '-'}", f"driver {row['driver'] or '-'}"]
+    processes = int(row["processes"] or 1)
     return " · ".join(clip_text(part, 60) for part in (
-        f"commit {commit}", f"torch {row['torch'] or '-'}", f"CUDA {row['cuda'] or '-'}",
-        f"driver {row['driver'] or '-'}", f"{int(row['processes'] or 1)} process(es)"))
+        f"commit {commit}", f"torch {row['torch'] or '-'}", *gpu,
+        f"{processes} process{'' if processes == 1 else 'es'}"))
 
 
 def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...], left_out: list[str] | None = None) -> list[dict]:
@@ -237,9 +254,9 @@ def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...], left_out: l
     if left_out is not None:
         left_out += problems[:MAX_LEFT_OUT]
         if len(problems) > MAX_LEFT_OUT:
-            left_out.append(f"{len(problems) - MAX_LEFT_OUT} more report(s) could not be drawn")
+            left_out.append(f"{counted(len(problems) - MAX_LEFT_OUT, 'more report')} could not be drawn")
         if len(chosen) > MAX_REPORTS:
-            left_out.append(f"{len(chosen) - MAX_REPORTS} more report(s) not drawn: at most {MAX_REPORTS} are")
+            left_out.append(f"{counted(len(chosen) - MAX_REPORTS, 'more report')} not drawn: at most {MAX_REPORTS} are")
     return list(chosen.values())[:MAX_REPORTS]
 
 
@@ -462,10 +479,17 @@ def report_title(report: dict, what: str) -> str:
             f"({clip_text(report.get('device'), 20)}): {what}")
 
 
+def _runs(runs: object) -> str:
+    """"1 run", "5 runs"; a stored value that is not a count, shown as it is (cut short)."""
+    if isinstance(runs, int) and not isinstance(runs, bool):
+        return counted(runs, "run")
+    return f"{clip_text(runs, 10)} runs"
+
+
 def provenance(report: dict) -> str:
     why = "was interrupted" if report.get("interrupted") is True else "failed part way"
     partial = f" (partial: the command {why})" if report["_partial"] else ""
-    return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {clip_text(report.get('runs'), 10)} run(s) "
+    return (f"report #{report['_id']} of {report['_date'][:10]}{partial}, {_runs(report.get('runs'))} "
             f"per row: `{clip_text(report.get('command'), 600)}`")
 
 

@@ -14,6 +14,7 @@ import math
 import sqlite3
 from html import escape
 
+from speedrun.errors import counted
 from speedrun.report import charts
 from speedrun.report import queries as rep
 
@@ -166,7 +167,7 @@ def section(conn: sqlite3.Connection, image, table, cell) -> list[str]:
         what = ("mean test accuracy, maximized" if study["objective"] == "accuracy" else
                 "mean timed seconds to the target, minimized (a trial that misses it is penalized)")
         out += [f"<h3>{escape(title)}</h3>",
-                f'<p class="note">{escape(rep.provenance(report))}; {study["total"]} trial(s); objective: '
+                f'<p class="note">{escape(rep.provenance(report))}; {counted(study["total"], "trial")}; objective: '
                 f'{escape(what)}; storage {escape(study["storage"])}</p>',
                 *image("study-trials", trials_chart(f"{rep.clip_text(report.get('recipe'), 40)}: trials", study),
                        f"trials of study {study['study']}")]

@@ -1,7 +1,9 @@
-"""What `speedrun train` shows: a progress bar per run, a per-epoch table, the multi-run summary.
+"""What `speedrun train` shows: a progress bar per run, a per-epoch table, the multi-run summary; and the progress
+of a long evaluation (`speedrun eval`, EvalProgress).
 
-Everything goes to stderr except the summary table, so `speedrun train ... > summary.txt` keeps the result.
-verbose=False (the Python API's default) shows nothing; quiet (the CLI's --quiet) shows only the summary table.
+Everything goes to stderr except the summary, so `speedrun train ... > summary.txt` keeps the result.
+verbose=False (the Python API's default) shows nothing; quiet (the CLI's --quiet, summary="lines") shows only the
+result lines: the statistics in one line, the target's verdict in another.
 Warnings and errors are not this module's: they are printed whatever the verbosity (cli.py).
 
 When stderr is not a terminal (piped to a file, a CI log, a batch job) a redrawn bar would be lost, so progress is
@@ -19,7 +21,7 @@ import sys
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -39,19 +41,56 @@ def _secs(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def record_text(record: dict | None, target: float) -> str:
-    """The records rule's verdict on a result (session.Result.record()): "reached the target 94.00% (p = 0.003 <
-    0.01, one-sided t-test, n=5)", or why it is not shown to."""
+def verdict_text(result) -> str:
+    """One sentence on the target: how many runs reached it, and whether the result counts as reaching it by the
+    records rule (session.Result.record(): at least 2 runs whose mean accuracy a one-sided t-test puts above the
+    target with p below the threshold), said so that a first reader can tell the two apart."""
+    target = f"the target {_pct(result.target_accuracy)}%"
+    finished = len(result.finished)
+    if not finished:
+        return f"No run finished: nothing to judge against {target}."
+    if result.smoke_test:
+        return f"A smoke test checks that the pipeline runs: its accuracy is not judged against {target}."
+    hits = sum(a >= result.target_accuracy for a in result.accuracies)
+    reached = (f"{hits}/{finished} runs reached {target}" if finished > 1 else
+               f"The run {'reached' if hits else 'did not reach'} {target}")
+    record = result.record() if callable(getattr(result, "record", None)) else None
     if record is None:
-        return f"Not shown to reach the target {_pct(target)}%: no run finished."
-    n, alpha = record["n"], f"{record['threshold']:g}"
+        return f"{reached}."
+    alpha = f"{record['threshold']:g}"
     if record["p"] is None:
-        return (f"Not shown to reach the target {_pct(target)}%: the records rule's one-sided t-test needs n >= 2 "
-                f"runs (n={n}).")
-    p = record_p_text(record["p"])
+        return (f"{reached}; a record needs at least 2 runs (--runs N) whose mean accuracy a one-sided t-test puts "
+                f"above the target with p < {alpha}.")
+    p, n = record_p_text(record["p"]), record["n"]
     if record["reached"]:
-        return f"Reached the target {_pct(target)}% (p = {p} < {alpha}, one-sided t-test, n={n})."
-    return f"Not shown to reach the target {_pct(target)}% (p = {p}, not < {alpha}; one-sided t-test, n={n})."
+        return (f"{reached}, and a one-sided t-test puts their mean above it with p = {p} < {alpha} (n={n}): a "
+                "record by the records rule.")
+    mean = "their mean (a diverged run counted as 0)" if record["diverged"] else "their mean"
+    if record["p"] >= 0.5:  # the t statistic is <= 0: the mean is at or below the target
+        return (f"{reached}, but {mean} is not above it: not a record, which needs the mean above the target with "
+                f"p < {alpha} in a one-sided t-test (here p = {p}, n={n}).")
+    return (f"{reached} and {mean} is above it, but not surely enough for a record: a one-sided t-test gives p = {p}, "
+            f"and a record needs p < {alpha} (n={n}); more runs would tell.")
+
+
+def result_line(result) -> str:
+    """The statistics of a result in one line (--quiet's): its runs' mean test accuracy and timed seconds."""
+    head = printable(f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}")
+    if result.smoke_test:
+        head = "SMOKE TEST (pipeline check, not a result): " + head
+    if not result.finished:
+        return f"{head}: no run finished"
+    acc = summarize(result.accuracies, FRACTION)
+    secs = summarize([r.train_seconds for r in result.finished], NON_NEGATIVE)
+    if acc.n == 1:
+        stats = f"test acc {_pct(acc.mean)}%, timed {_secs(secs.mean)} s"
+    else:
+        stats = (f"test acc {_pct(acc.mean)} ± {_pct(acc.std)}%, timed {_secs(secs.mean)} ± {_secs(secs.std)} s "
+                 "(mean ± std)")
+    diverged = (f"; {result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss)"
+                if result.diverged_runs else "")
+    stopped = f"; interrupted after {len(result.runs)} of {result.runs_requested} runs" if result.interrupted else ""
+    return f"{head}: {stats}{diverged}{stopped}"
 
 
 def _console(stream) -> Console:
@@ -65,10 +104,12 @@ class Display:
     meanwhile as a transient status line, erased when it ends; `release()` prints the held lines for good once every
     check has passed, and `close()` drops them."""
 
-    def __init__(self, verbose: bool, summary: bool | None = None):
-        """verbose: progress, tables and notes on stderr; summary: the final table on stdout (default: verbose)."""
+    def __init__(self, verbose: bool, summary: bool | str | None = None):
+        """verbose: progress, tables and notes on stderr; summary: the final table on stdout (default: verbose), or
+        "lines" for the result lines alone (result_line, verdict_text)."""
         self.verbose = verbose
-        self.show_summary = verbose if summary is None else summary
+        self.show_summary = verbose if summary is None else bool(summary)
+        self.brief = summary == "lines"
         self.err = _console(sys.stderr)
         self.out = _console(sys.stdout)
         self._held: list[str] | None = []
@@ -153,6 +194,10 @@ class Display:
     def summary(self, result) -> None:
         if not self.show_summary or not result.runs:
             return
+        if self.brief:
+            for text in (result_line(result), verdict_text(result)):
+                self.out.print(printable(text), highlight=False, markup=False)
+            return
         title = printable(f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}")
         if result.smoke_test:
             title = "SMOKE TEST (pipeline check, not a result): " + title
@@ -167,10 +212,7 @@ class Display:
             ci_secs = "n/a" if secs.ci95_low is None else f"{secs.ci95_low:.2f} .. {secs.ci95_high:.2f}"
             table.add_row("test acc %", _pct(acc.mean), _pct(acc.std), ci_acc, _pct(acc.min), _pct(acc.max))
             table.add_row("timed s", _secs(secs.mean), _secs(secs.std), ci_secs, _secs(secs.min), _secs(secs.max))
-        hits = sum(a >= result.target_accuracy for a in result.accuracies)
-        caption = [f"{hits}/{len(result.finished)} runs reached the target {_pct(result.target_accuracy)}%."]
-        if callable(getattr(result, "record", None)):  # the records rule's verdict on the mean, before the runs'
-            caption.insert(0, record_text(result.record(), result.target_accuracy))
+        caption = [verdict_text(result)]
         if result.diverged_runs:
             caption.append(f"{result.diverged_runs} of {len(result.runs)} runs diverged (NaN/inf loss): they are not "
                            "in the table's statistics; the records rule counts each as accuracy 0.")
@@ -186,3 +228,88 @@ class Display:
                            f"{peak.mfu_text(mfu)}.")
         table.caption = Text(printable(" ".join(caption)), style="table.caption")  # text, never rich's markup
         self.out.print(table)
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as a person reads it: "42 s", "3 min 5 s", "1 h 12 min"."""
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+class EvalProgress:
+    """How far an evaluation has got, and an estimate of the time left: a bar on a terminal, else a line at every
+    tenth of the work (as a run's progress), nothing when not verbose (--quiet). It tracks either way: where() says
+    how far it got, for the line an interrupt ends on.
+
+    The work is counted in forward passes of one image (tricks/tta.py's passes: a TTA view is a pass), so the
+    estimate holds across models of different TTA levels; each stage (one model's warm-up, its pass over the test
+    images) is shown in images."""
+
+    def __init__(self, verbose: bool, total: int, title: str = "eval"):
+        self.total, self.done = max(1, total), 0
+        self.title = printable(title)
+        self.verbose = verbose
+        self._stage = ("", 0, 1, 0)  # label, images, passes, passes done
+        self._start = time.perf_counter()
+        self._shown = 0  # tenths already written (not a terminal)
+        self._bar: Progress | None = None
+        self._err = _console(sys.stderr) if verbose else None
+        if self._err is not None and self._err.is_terminal:
+            self._bar = Progress(TextColumn(self.title + " {task.description}", markup=False), BarColumn(),
+                                 TextColumn("{task.fields[images]}", markup=False), TimeElapsedColumn(),
+                                 TextColumn("left"), TimeRemainingColumn(), console=self._err, transient=True)
+            self._task = self._bar.add_task("", total=self.total, images="")
+            self._bar.start()
+
+    def stage(self, label: str, images: int, passes: int) -> None:
+        """The next stage: `label` ("model 1/2 (m1)") over `images` images, `passes` forward passes of the work."""
+        self._stage = (printable(label), images, max(1, passes), 0)
+        self._show()
+
+    def advance(self, passes: int) -> None:
+        label, images, total, done = self._stage
+        self._stage = (label, images, total, min(total, done + passes))
+        self.done = min(self.total, self.done + passes)
+        self._show()
+
+    def images_done(self) -> int:
+        _, images, total, done = self._stage
+        return images * done // total
+
+    def where(self) -> str:
+        """ "model 2/2 (m2) at 4,000/10,000 images" """
+        label, images, _, _ = self._stage
+        return f"{label} at {self.images_done():,}/{images:,} images"
+
+    def left(self) -> float | None:
+        """Seconds left at the rate so far; None before any work is done."""
+        if not self.done:
+            return None
+        return (time.perf_counter() - self._start) * (self.total - self.done) / self.done
+
+    def _show(self) -> None:
+        if not self.verbose:
+            return
+        label, images, _, _ = self._stage
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, description=label,
+                             images=f"{self.images_done():,}/{images:,} images")
+            return
+        tenth = self.done * 10 // self.total
+        if tenth > self._shown:
+            self._shown = tenth
+            left = self.left()
+            estimate = "" if left is None or self.done == self.total else f", about {duration_text(left)} left"
+            self._err.print(f"{self.title}: {100 * self.done // self.total}% ({self.where()}), "
+                            f"{duration_text(time.perf_counter() - self._start)}{estimate}", highlight=False,
+                            markup=False)
+
+    def close(self) -> None:
+        """The bar, if one is shown, erased."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 from speedrun.engine.system import resolve_device, synchronize
+from speedrun.errors import note_stopped
 from speedrun.records.environment import device_label, environment
 from speedrun.run import export
+from speedrun.run.display import EvalProgress
 from speedrun.run.export import TrainedModel
 
 MIN_MODELS = 2
@@ -129,9 +131,12 @@ def _timed(device: torch.device, work: Callable[[], object]) -> tuple[object, fl
 
 
 def evaluate_ensemble(paths: list, dataset: str, *, data_dir=None, image_size: int | None = None,
-                      device: str = "auto", batch_size: int = 2000, log=None) -> dict:
+                      device: str = "auto", batch_size: int = 2000, log=None,
+                      progress: Callable[[int], EvalProgress] | None = None) -> dict:
     """Each model's test accuracy on `dataset` (with its card's TTA, as `speedrun eval` gives it alone) and the
-    ensemble's (the argmax of the mean softmax), with the evaluation seconds of each (TIMED says what is in them)."""
+    ensemble's (the argmax of the mean softmax), with the evaluation seconds of each (TIMED says what is in them).
+    progress(total): the EvalProgress to show the scoring on, given its total work once the data is loaded (default
+    one that shows nothing). An interrupt carries how far the scoring got (errors.note_stopped)."""
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     dev = resolve_device(device)
@@ -140,22 +145,35 @@ def evaluate_ensemble(paths: list, dataset: str, *, data_dir=None, image_size: i
     images, labels = data.test_images.to(dev), data.test_labels.to(dev)  # (N, C, H, W) uint8, (N,)
     n = len(labels)
     total = torch.zeros(n, len(models[0].classes), dtype=torch.float32, device=dev)  # the softmax summed, (N, K)
+    warm = min(batch_size, n)
+    work = sum(model.passes(warm) + model.passes(n) for model in models)
+    shown = (progress or (lambda total: EvalProgress(False, total)))(work)
 
     def one_pass(model: TrainedModel) -> int:
         # as engine.evaluate scores one saved model (export.evaluate_saved): the same operations, the same logits
-        scores = model.set_logits(images, batch_size)  # (N, K)
+        scores = model.set_logits(images, batch_size, shown.advance)  # (N, K)
         total.add_(torch.softmax(scores, dim=1))
         return int((scores.argmax(1) == labels).sum())
 
     rows = []
-    with torch.no_grad():
-        for path, model in zip(paths, models):
-            model.set_logits(images[:batch_size], batch_size)  # the untimed warm-up (kernels chosen, caches filled)
-            correct, seconds = _timed(dev, lambda: one_pass(model))
-            rows.append({"model": _name(path), "recipe": model.card["recipe"], "seed": model.card["seed"],
-                         "tta_level": model.tta_level, "accuracy": correct / n, "seconds": seconds,
-                         "smoke_test": model.smoke_test})
-        ensemble_correct, combine = _timed(dev, lambda: int(((total / len(models)).argmax(1) == labels).sum()))
+    try:
+        with torch.no_grad():
+            for i, (path, model) in enumerate(zip(paths, models)):
+                label = f"model {i + 1}/{len(models)} ({_name(path)})"
+                shown.stage(f"{label} warm-up", warm, model.passes(warm))
+                # the untimed warm-up (kernels chosen, caches filled)
+                model.set_logits(images[:batch_size], batch_size, shown.advance)
+                shown.stage(label, n, model.passes(n))
+                correct, seconds = _timed(dev, lambda: one_pass(model))
+                rows.append({"model": _name(path), "recipe": model.card["recipe"], "seed": model.card["seed"],
+                             "tta_level": model.tta_level, "accuracy": correct / n, "seconds": seconds,
+                             "smoke_test": model.smoke_test})
+            ensemble_correct, combine = _timed(dev, lambda: int(((total / len(models)).argmax(1) == labels).sum()))
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (errors.Terminated)
+        note_stopped(interrupt, f"evaluation of {len(models)} models stopped at {shown.where()}")
+        raise
+    finally:
+        shown.close()
     single = [r["seconds"] for r in rows]
     seconds = sum(single) + combine
     mean_single = float(np.mean(single))

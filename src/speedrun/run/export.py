@@ -27,11 +27,13 @@ from speedrun.dist import unwrap
 from speedrun.engine.flops import on_meta
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
-from speedrun.errors import escaped_refusals, printable, warn
-from speedrun.paths import user_path
+from speedrun.errors import clip, escaped_refusals, note_stopped, printable, warn
+from speedrun.paths import in_the_way, user_path
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
+from speedrun.run.display import EvalProgress
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
+from speedrun.tricks.tta import passes as tta_passes
 from speedrun.tricks.tta import selective_tta_logits, tta_logits
 
 _PREDICT_BATCH = 64  # image files decoded and scored at a time, at most
@@ -72,8 +74,8 @@ def check_save_path(path: str | os.PathLike) -> Path:
         existing = existing.parent
     where = str(weights.parent)
     if not os.path.isdir(existing):
-        raise ValueError(f"cannot save the model in {where}: {existing} is not a folder; choose "
-                         "another --save path")
+        why = in_the_way(existing) or f"{existing} is not a folder"  # a file, a symlink loop, a link to nothing
+        raise ValueError(f"cannot save the model in {where}: {why}; choose another --save path")
     # Proved by making a file there, as the write will: access(2) passes root in /proc, where no file can be made,
     # and says nothing of a full disk or a file system that refuses new names.
     try:
@@ -139,16 +141,25 @@ class TrainedModel(nn.Module):
         # of the call (set_logits scores a test set as its training run did).
         return tta_logits(self.net, x, self.tta_level)  # (N, K)
 
-    def set_logits(self, images: torch.Tensor, batch_size: int) -> torch.Tensor:
+    def set_logits(self, images: torch.Tensor, batch_size: int,
+                   on_batch: Callable[[int], object] | None = None) -> torch.Tensor:
         """Logits (N, K) of a test set of uint8 images (N, C, H, W) on the model's device, in batches, scored as its
         training run scored its test set: the card's TTA level, on the least confident tta_select of the set
-        where the card selects (engine.loop.evaluate's operations); refused where any is not finite."""
+        where the card selects (engine.loop.evaluate's operations); refused where any is not finite.
+        on_batch(p) after each batch, with the forward passes of one image it made (their sum is passes(N))."""
         def inputs(idx: torch.Tensor) -> torch.Tensor:
             return normalize(images[idx.to(images.device)], self.mean, self.std, torch.float32, False)
 
-        fraction = self.tta_select if 0 < self.tta_select < 1 else 1.0
-        logits = selective_tta_logits(self.net, inputs, len(images), self.tta_level, fraction, batch_size)
+        logits = selective_tta_logits(self.net, inputs, len(images), self.tta_level, self._fraction(), batch_size,
+                                      on_batch)
         return self.finite(logits, "its evaluation images")
+
+    def _fraction(self) -> float:
+        return self.tta_select if 0 < self.tta_select < 1 else 1.0
+
+    def passes(self, n: int) -> int:
+        """Forward passes of one image that scoring a test set of n images takes (set_logits; tricks/tta.py)."""
+        return tta_passes(n, self.tta_level, self._fraction())
 
     @torch.no_grad()
     def predict(self, images: torch.Tensor, top: int = 5) -> list[list[tuple[str, float]]]:
@@ -176,7 +187,8 @@ def top_classes(probs: torch.Tensor, classes: list[str], top: int) -> list[list[
 
 def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     """Write PATH.safetensors and PATH.json (card: see model_files.py), neither replacing a file; returns
-    "PATH.safetensors + PATH.json". The runner calls it on rank 0 with the bare or wrapped network."""
+    "PATH.safetensors + PATH.json", each as the user would type it (a card in another folder than the one named is
+    no card). The runner calls it on rank 0 with the bare or wrapped network."""
     weights, card_path = model_paths(check_save_path(path))
     # A fresh contiguous CPU copy of each tensor: channels_last or shared storage would not save as they are. In
     # fp32: a network trained with half weights (fp16) is saved as the card's network is built and evaluated.
@@ -196,7 +208,7 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
                          f"({e})") from None
     files.write_files(weights, card_path, tensors, full)
     # Escaped as a stored name: the result file and the database keep it (saved_model), the log shows it.
-    return printable(f"{weights} + {card_path.name}")
+    return printable(f"{weights} + {card_path}")
 
 
 def check_save(save, world: dist.World, json_path=None) -> Path | None:
@@ -246,8 +258,10 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting is a RecursionError
             # utf-8-sig: a byte order mark (an editor's) is skipped
             card = json.loads(files.read_bytes(card_path, files.MAX_CARD_BYTES).decode("utf-8-sig"))
-        except (ValueError, RecursionError) as e:
-            raise files.Unusable(f"not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
+        except RecursionError:
+            raise files.Unusable("not valid JSON (nested too deep to read)") from None
+        except ValueError as e:
+            raise files.Unusable(f"not valid JSON ({type(e).__name__}: {clip(str(e), 160)})") from None
         spec = files.parse_card(card)
         expected = files.expected_state(spec)
     except files.Unusable as e:
@@ -261,7 +275,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
             tensors = safetensors.torch.load(blob)
         except Exception as e:  # noqa: BLE001 -- safetensors' errors for a bad header, offsets or dtype vary
             raise files.Unusable(f"not a valid safetensors file ({type(e).__name__}: "
-                                 f"{str(e)[:100]})") from None
+                                 f"{clip(str(e), 160)})") from None
         del blob
         files.match_state(expected, tensors)
     except files.Unusable as e:
@@ -274,17 +288,29 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
 
 
 def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, image_size: int | None = None,
-                   device: str = "auto", batch_size: int = 2000, log=None) -> dict:
-    """Test accuracy of the saved model on `dataset`'s test split, with the card's TTA (`speedrun eval`)."""
+                   device: str = "auto", batch_size: int = 2000, log=None,
+                   progress: Callable[[int], EvalProgress] | None = None) -> dict:
+    """Test accuracy of the saved model on `dataset`'s test split, with the card's TTA (`speedrun eval`).
+    progress(total): the EvalProgress to show the scoring on, given its total work once the data is loaded; an
+    interrupt carries how far the scoring got (errors.note_stopped)."""
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     dev = resolve_device(device)
     model = load(path, dev)
     data = evaluation_data(model, path, dataset, data_dir=data_dir, image_size=image_size, log=log)
-    with torch.no_grad():
-        accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
-                            std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
-                            batch_size=batch_size, tta_select=model.tta_select)
+    n = len(data.test_labels)
+    shown = (progress or (lambda total: EvalProgress(False, total)))(model.passes(n))
+    shown.stage(os.fsdecode(path), n, model.passes(n))
+    try:
+        with torch.no_grad():
+            accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
+                                std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
+                                batch_size=batch_size, tta_select=model.tta_select, on_batch=shown.advance)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (errors.Terminated)
+        note_stopped(interrupt, f"evaluation of {os.fsdecode(path)} stopped at {shown.images_done():,}/{n:,} images")
+        raise
+    finally:
+        shown.close()
     return {"accuracy": accuracy, "n": len(data.test_labels), "tta_level": model.tta_level, "dataset": data.name,
             "model": os.fsdecode(path), "smoke_test": model.smoke_test}
 

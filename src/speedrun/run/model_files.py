@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import reprlib
 import shutil
 import stat
 import tempfile
@@ -35,6 +36,8 @@ import torch
 from speedrun._version import __version__
 from speedrun.config import apply_overrides
 from speedrun.data import limits
+from speedrun.errors import clip
+from speedrun.paths import make_dirs
 from speedrun.recipes import RECIPES
 from speedrun.tricks.tta import tta_logits
 
@@ -80,8 +83,16 @@ def _finite(x: Any) -> bool:
         return False
 
 
+# A card's value as a message shows it: a few items and characters of it, each level of a nested list cut alike
+# (a hostile card's list may hold a million names, or lists 900 deep).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 3, 6, 40, 40, 40
+
+
 def _shown(v: Any) -> str:
-    return f"a list of {len(v):,}" if isinstance(v, list) else repr(v)[:60]
+    """The value `v` from a card, short: [3, 0, 32] as it is, a long list as its first items and its length."""
+    text = _SHOWN.repr(v)
+    return f"{text} ({len(v):,} items)" if isinstance(v, list) and len(v) > _SHOWN.maxlist else text
 
 
 def parse_card(card: Any) -> CardSpec:
@@ -150,7 +161,7 @@ def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:
             net = spec.family.build_model(spec.cfg, c, len(spec.classes)).eval()
             out = tta_logits(net, torch.empty(1, c, h, w), spec.tta_level)
     except Exception as e:  # noqa: BLE001 -- whatever the network raises, the card's shape and config do not fit
-        raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {str(e)[:120]})")
+        raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {clip(str(e), 160)})")
     if tuple(out.shape) != (1, len(spec.classes)):
         raise Unusable(f"its network gives {tuple(out.shape)} logits per image, not (1, {len(spec.classes)})")
     return net.state_dict()
@@ -215,7 +226,7 @@ def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor]
     temps: list[str] = []
     made: list[Path] = []
     try:
-        weights.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(weights.parent)
         temps += [tempfile.mkstemp(prefix=".tmp-model-", dir=weights.parent)[1] for _ in range(2)]
         meta = {"format": MODEL_FORMAT, "version": str(MODEL_VERSION)}
         safetensors.torch.save_file(tensors, temps[0], metadata=meta)
@@ -231,7 +242,7 @@ def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor]
     except _Taken:
         raise
     except (OSError, safetensors.SafetensorError, TypeError, ValueError) as e:  # ValueError: a NaN in the card
-        reason = getattr(e, "strerror", None) or str(e)[:200]
+        reason = getattr(e, "strerror", None) or clip(str(e), 200)
         raise ValueError(f"could not write the model {shown} ({reason}); {write_fix(e)}") from None
     finally:
         for p in [*temps, *made]:  # the temp files, and a weights file whose card could not follow it

@@ -23,10 +23,10 @@ from speedrun import dist
 from speedrun.engine.checkpoint import (AFRESH, CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
                                         load_checkpoint, save_checkpoint)
 from speedrun.engine.loop import RunResult
-from speedrun.errors import warn
-from speedrun.paths import user_path
+from speedrun.errors import counted, warn
+from speedrun.paths import make_folder, user_path
 from speedrun.records import db as results_db
-from speedrun.records.result_file import RUN_RANGES, check_train_result, load_result, portable
+from speedrun.records.result_file import RUN_RANGES, check_train_result, load_result, portable, unencodable
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
 # Checkpoints per run when --checkpoint-every is not given (and always one at the run's last step).
@@ -158,7 +158,7 @@ class Plan:
                 raise TypeError("run index")
             finished = _check_finished(saved["finished"], meta["seed"])
             if len(finished) != run:
-                raise TypeError(f"{len(finished)} finished run(s) before run index {run}")
+                raise TypeError(f"{counted(len(finished), 'finished run')} before run index {run}")
         except (KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"checkpoint {path.name} has malformed run records ({e}); {fix}") from None
         try:
@@ -331,6 +331,9 @@ def _check_run(r, seed: int) -> RunResult:
               and (diverged.get("lr") is None or isinstance(diverged["lr"], (int, float))))
     if not (ok and _number(r["epochs"], 0, _MAX_ROW_EPOCH) and _integer(r["steps"], 0, 2**62)):
         raise TypeError("accuracy, timed seconds, divergence, epochs or steps out of range")
+    where = unencodable(diverged)
+    if where is not None:  # the run goes into this command's result: its row would be lost at the end
+        raise TypeError(f"the string at diverged.{where} is no text UTF-8 can hold")
     if not isinstance(r["history"], list):
         raise TypeError("its history is not a list")
     for j, row in enumerate(r["history"]):
@@ -376,14 +379,8 @@ def _check_loop_state(state: dict, step) -> None:
 
 
 def _check_writable_dir(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"checkpoint folder {directory} is a file (or under one); choose a folder "
-                         "(--checkpoint-dir)") from None
-    except OSError as e:
-        raise ValueError(f"cannot create the checkpoint folder {directory} ({e.strerror}); choose "
-                         "a writable folder (--checkpoint-dir)") from None
+    # what is in the way is named (a file, a symlink loop), never the system's "File exists"
+    make_folder(directory, "the checkpoint folder", "choose a writable folder (--checkpoint-dir)")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"checkpoint folder {directory} is not writable; choose another "
                          "(--checkpoint-dir)")

@@ -27,13 +27,14 @@ from speedrun.engine.checkpoint import list_checkpoints
 from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
 from speedrun.engine.system import resolve_device, setup_system
-from speedrun.errors import SpeedrunWarning, escaped_refusals, warn
+from speedrun.errors import SpeedrunWarning, counted, escaped_refusals, warn
+from speedrun.paths import check_file_name, check_writable, user_path
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
 from speedrun.records import db as results_db
 from speedrun.records import debug_apis, settings_file
 from speedrun.records.environment import environment
-from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
+from speedrun.records.result_file import check_result_path, claim_result_path, default_result_path, release_result_path
 from speedrun.run import display, export
 from speedrun.run import resume as resuming
 from speedrun.run import tensorboard as boards
@@ -141,11 +142,22 @@ def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
             raise ValueError(f"{name}={value!r:.80} is not {expected}")
 
 
+def _check_result_output(json_path: str | os.PathLike) -> None:
+    """What can be told of a result path (--json) that is claimed only once the checkpoint to resume is known,
+    without making anything: "auto", its folder; a path, its name and its folder. The file may exist: the command
+    may continue it (the claim then decides)."""
+    if json_path == "auto":
+        check_result_path(None)
+        return
+    check_file_name(json_path, "--json")
+    check_writable(user_path(json_path, "--json").parent, "--json", "choose a writable path (--json)", folder=True)
+
+
 @escaped_refusals
 def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
           epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | None = None,
           image_size: int | None = None, json_path: str | Path | None = None, verbose: bool = False,
-          summary: bool | None = None, command: str | None = None, smoke: bool = False,
+          summary: bool | str | None = None, command: str | None = None, smoke: bool = False,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
           resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
           db: str | Path | None = None, strict: bool = False, settings: str | Path | bool | None = None,
@@ -158,7 +170,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     json_path: where to write the result JSON, claimed before any data is read (an existing file is never replaced:
     that is an error); "auto" picks a new results/<time>-<recipe>-<dataset>.json; None writes nothing. The file is
     rewritten after every run, so a crash keeps the runs that ended ("complete": false).
-    verbose: progress, tables and notes on stderr; summary: the summary table on stdout (default: as verbose).
+    verbose: progress, tables and notes on stderr; summary: the summary table on stdout (default: as verbose), or
+    "lines": the result's statistics and its verdict on the target, a line each (the CLI's --quiet).
     smoke: a pipeline check in seconds: a few steps on a little of the test set, no TTA; marked as such.
     checkpoint_dir: save the training state there every `checkpoint_every` steps (default: ten times a run), at the
     end of each run and on SIGINT/SIGTERM, keeping the newest `keep_checkpoints`. resume: a checkpoint file, or
@@ -193,8 +206,10 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
                  smoke=(smoke, (bool,), "True or False (--smoke)"),
                  strict=(strict, (bool,), "True or False (--strict)"), verbose=(verbose, (bool,), "True or False"),
-                 summary=(summary, (bool, type(None)), "True, False or None"),
+                 summary=(summary, (bool, str, type(None)), "True, False, \"lines\" or None"),
                  command=(command, (str, type(None)), "a string or None"))
+    if isinstance(summary, str) and summary != "lines":
+        raise ValueError(f"summary={summary!r:.80} is not True, False, \"lines\" or None")
     rec = get_recipe(recipe)
     family = rec.module()
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
@@ -215,7 +230,18 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     world = dist.init(world, dev)
     show = display.Display(verbose and world.is_main, summary if world.is_main else False)
     claimed, in_step, database, session, board = None, False, None, None, None
+    # A result path given anew is claimed before anything else is made (the checkpoint and TensorBoard folders, the
+    # database): one that cannot be claimed then leaves none of them behind. A resumed command may continue the
+    # result file of its checkpoint instead (plan.continued_result, once the checkpoint is found), and "auto" makes
+    # its folder: both are checked here (what can be told without making anything) and claimed below.
+    early = json_path is not None and json_path != "auto" and resume is None and world.restarts == 0
     try:
+        if early:
+            chosen = dist.main_first(world, lambda: claim_result_path(json_path), everyone=False)
+            if world.is_main:
+                json_path = claimed = chosen
+        elif json_path is not None:
+            dist.main_first(world, lambda: _check_result_output(json_path), everyone=False)
         plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, world)
         save_path = export.check_save(save, world, json_path)
         if tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
@@ -235,7 +261,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
                 show.summary(done)
                 in_step = True
                 return done
-            if json_path is not None:  # claimed now by rank 0: an existing or unwritable path fails early
+            if json_path is not None and not early:  # claimed now by rank 0, once the checkpoint is known
 
                 def claim():
                     continued = plan.continued_result(found, json_path)
@@ -248,7 +274,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             start = time.perf_counter()
             # rank 0 first: what it writes once (a download, a decoded cache) the others then read
             data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=image_size,
-                                                                   log=show.line))
+                                                                   log=show.line, smoke=smoke))
             data_seconds = time.perf_counter() - start
             if getattr(data, "unofficial", "") and data_dir is not None:
                 # A copy of a named dataset that is not its published files (data/sources.py warned): recorded
@@ -276,8 +302,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             env = environment(dev)
             show.line(f"device: {dev.type} ({env['device_name']})"
                       + (" -- chosen by --device auto" if device == "auto" else "")
-                      + (f"; {world.size} processes on {world.nodes} node(s), {world.backend}" if world.size > 1
-                         else ""))
+                      + (f"; {world.size} processes on {counted(world.nodes, 'node')}, {world.backend}"
+                         if world.size > 1 else ""))
             show.line(f"data: {family.describe(data)} ({data_seconds:.1f} s to load)")
             if settings_used is not None:  # it changes the run unseen otherwise ($SPEEDRUN_SETTINGS is set once)
                 show.line(_settings_line(settings_used, applied))

@@ -16,7 +16,7 @@ from speedrun import dist
 from speedrun.engine import peak
 from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import RunResult, signals_held
-from speedrun.errors import note_kept, warn
+from speedrun.errors import counted, note_kept, warn
 from speedrun.records import cost
 from speedrun.records import db as results_db
 from speedrun.records.result_file import portable, write_json
@@ -245,8 +245,13 @@ class Session:
             self.stored_id = stored
             self.show.line(f"stored in {self.db} as #{stored}")
         except (ValueError, OSError, sqlite3.Error) as e:
-            warn(f"the result was not stored in the database {self.db} ({e}); it is in {self.json_path}; "
-                 "`speedrun results import` adds it later")
+            kept = (f"it is in {self.json_path}" if self.written else "no result file holds it either (json_path=None)"
+                    if self.json_path is None else f"nor was its file {self.json_path} written")
+            # Import adds the file later only where the database was what failed (locked, full, read-only), not where
+            # the database refused what the result holds: an import would meet the same refusal.
+            later = self.written and (not isinstance(e, ValueError) or isinstance(e, results_db.UnusableDatabase))
+            warn(f"the result was not stored in the database {self.db} ({e}); {kept}"
+                 + ("; `speedrun results import` adds it later" if later else ""))
 
     def report(self) -> None:
         self.show.summary(self.result)
@@ -263,7 +268,7 @@ class Session:
         interrupt.checkpoint_dir = checkpoint_dir
         if not result.runs:
             return
-        self.show.line(f"interrupted: keeping the {len(result.runs)} finished run(s)")
+        self.show.line(f"interrupted: keeping the {counted(len(result.runs), 'finished run')}")
         with signals_held():  # a second Ctrl-C must not cut this write short: it would keep the last file
             with contextlib.suppress(Exception):  # a full disk now must not replace the interrupt with its error
                 self.save()

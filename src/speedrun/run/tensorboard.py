@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from speedrun.errors import warn
-from speedrun.paths import in_the_way, make_folder, user_path
+from speedrun.paths import check_writable, in_the_way, make_folder, user_path
 
 FLAG = "--tensorboard"
 INSTALL = "pip install 'speedrun[tensorboard]'"
@@ -69,9 +69,9 @@ def folder_name(text: str, default: str) -> str:
     return name or default
 
 
-def open_board(directory: str | os.PathLike, recipe: str, flag: str = FLAG) -> Board:
-    """Before training: the package importable, `directory` created if missing, and this command's own new folder
-    made in it and proved writable (a file made and removed there). Every refusal is one line naming `flag`."""
+def check_board(directory: str | os.PathLike, flag: str = FLAG) -> Path:
+    """What open_board refuses before it creates anything (the package, the path's form, a file in its way); the
+    folder. For a command that creates other files first and must refuse a bad `flag` before it does."""
     if not isinstance(directory, (str, os.PathLike)):
         raise ValueError(f"tensorboard={directory!r:.80} is not a folder path ({flag})")
     writer_module(flag)
@@ -81,10 +81,18 @@ def open_board(directory: str | os.PathLike, recipe: str, flag: str = FLAG) -> B
     if "\0" in text:  # no file system takes it; os.stat would raise a bare "embedded null byte"
         raise ValueError(f"{flag} {text!r} holds a NUL character; give a folder path")
     root = user_path(directory, flag)
-    fix = f"choose a writable folder ({flag})"
     blocked = in_the_way(root)
     if blocked is not None:
         raise ValueError(f"{flag} {os.fspath(root)}: {blocked}; give a folder (it is created if missing)")
+    check_writable(root, flag, f"choose a writable folder ({flag})", folder=True)
+    return root
+
+
+def open_board(directory: str | os.PathLike, recipe: str, flag: str = FLAG) -> Board:
+    """Before training: the package importable, `directory` created if missing, and this command's own new folder
+    made in it and proved writable (a file made and removed there). Every refusal is one line naming `flag`."""
+    root = check_board(directory, flag)
+    fix = f"choose a writable folder ({flag})"
     make_folder(root, "the TensorBoard folder", fix)
     stem = f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{folder_name(recipe, 'recipe')}"
     suffix = 1

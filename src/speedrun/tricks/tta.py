@@ -55,6 +55,20 @@ def selected_count(n: int, fraction: float) -> int:
     return min(n, max(1, math.ceil(round(fraction * n, 6)))) if n else 0
 
 
+# Forward passes per image at each level: the image; and its mirror; and the mirrors of two shifted copies.
+VIEWS = {0: 1, 1: 2, 2: 6}
+
+
+def passes(n: int, level: int, fraction: float = 1.0) -> int:
+    """Forward passes of one image that selective_tta_logits makes to score n images: n per view, or with a
+    fraction < 1 the plain pass of all and the other views of the selected (progress and its estimate count
+    these, the unit of an evaluation's work)."""
+    views = VIEWS[level]
+    if views == 1 or fraction >= 1:
+        return n * views
+    return n + selected_count(n, fraction) * (views - 1)
+
+
 def least_confident(logits: torch.Tensor, fraction: float) -> torch.Tensor:
     """Indices (k,) of the selected_count(N, fraction) rows of logits (N, K) with the lowest max-softmax."""
     confidence = logits.float().softmax(1).amax(1)  # (N,)
@@ -62,18 +76,30 @@ def least_confident(logits: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 def selective_tta_logits(model: nn.Module, inputs: Callable[[torch.Tensor], torch.Tensor], n: int, level: int,
-                         fraction: float, batch_size: int) -> torch.Tensor:
+                         fraction: float, batch_size: int,
+                         on_batch: Callable[[int], object] | None = None) -> torch.Tensor:
     """Logits (n, K) of a set of n images: plain for all, the level's TTA for the least confident `fraction` of the
     whole set. inputs(idx) gives the model's inputs for the images at the indices idx (k,), normalized, (k, C, H, W):
     the set is read in batches of batch_size, twice (the plain pass, then the selected images). fraction >= 1 (or
-    level 0) is tta_logits over the set, batch by batch."""
+    level 0) is tta_logits over the set, batch by batch. on_batch(p) after each batch: the forward passes of one
+    image it made (they sum to passes(n, level, fraction))."""
+    done = on_batch or (lambda count: None)
     batches = [torch.arange(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
     if level == 0 or fraction >= 1:
-        return torch.cat([tta_logits(model, inputs(idx), level).float() for idx in batches])
-    plain = torch.cat([model(inputs(idx)).float() for idx in batches])  # (n, K)
+        scored = []
+        for idx in batches:
+            scored.append(tta_logits(model, inputs(idx), level).float())
+            done(len(idx) * VIEWS[level])
+        return torch.cat(scored)
+    scored = []
+    for idx in batches:
+        scored.append(model(inputs(idx)).float())
+        done(len(idx))
+    plain = torch.cat(scored)  # (n, K)
     pick = least_confident(plain, fraction).sort().values.cpu()
     for i in range(0, len(pick), batch_size):
         idx = pick[i:i + batch_size]
         on = idx.to(plain.device)
         plain[on] = tta_logits(model, inputs(idx), level, plain[on]).float()
+        done(len(idx) * (VIEWS[level] - 1))
     return plain

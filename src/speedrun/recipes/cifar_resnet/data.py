@@ -18,6 +18,7 @@ from speedrun.data.loader import epochs_for_steps as loader_epochs
 from speedrun.data.loader import steps_for
 from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
+from speedrun.errors import counted
 from speedrun.recipes.cifar_resnet.config import ResnetConfig
 from speedrun.recipes.cifar_resnet.model import memory_lower_bound
 
@@ -27,10 +28,13 @@ from speedrun.recipes.cifar_resnet.model import memory_lower_bound
 SMOKE_STEPS = 4
 SMOKE_BATCH = 32  # divides any power-of-two number of processes up to 32
 SMOKE_TEST_IMAGES = 256
+SMOKE_TRAIN_IMAGES = SMOKE_STEPS * SMOKE_BATCH  # a smoke test trains on these alone: one epoch of its steps
 
 
-def load_data(dataset: str, *, data_dir, image_size, log) -> Dataset:
-    return load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=log)
+def load_data(dataset: str, *, data_dir, image_size, log, smoke: bool = False) -> Dataset:
+    """smoke: only the images a smoke test uses (an image folder decodes those alone)."""
+    return load_dataset(dataset, data_dir=data_dir, image_size=image_size, log=log,
+                        sample=(SMOKE_TRAIN_IMAGES, SMOKE_TEST_IMAGES) if smoke else None)
 
 
 def describe(data: Dataset) -> str:
@@ -52,11 +56,11 @@ def epochs_for_steps(cfg: ResnetConfig, num_train: int, steps: int) -> float:
 
 
 def smoke(cfg: ResnetConfig, data: Dataset) -> tuple[ResnetConfig, Dataset]:
-    """SMOKE_STEPS steps of at most SMOKE_BATCH images, no TTA, no per-epoch evaluation, and the first
-    SMOKE_TEST_IMAGES of a fixed random order of the test set (test folders are class-ordered)."""
+    """SMOKE_STEPS steps of at most SMOKE_BATCH images, no TTA, no per-epoch evaluation, on a fixed random sample
+    of SMOKE_TRAIN_IMAGES train and SMOKE_TEST_IMAGES test images (Dataset.sample; folders are class-ordered)."""
     cfg = dataclasses.replace(cfg, tta_level=0, eval_each_epoch=False, batch_size=min(cfg.batch_size, SMOKE_BATCH),
                               eval_batch_size=min(cfg.eval_batch_size, SMOKE_TEST_IMAGES))
-    data = data.test_sample(SMOKE_TEST_IMAGES)
+    data = data.sample(SMOKE_TRAIN_IMAGES, SMOKE_TEST_IMAGES)
     return with_epochs(cfg, min(cfg.epochs, SMOKE_STEPS * cfg.batch_size / len(data.train_labels))), data
 
 
@@ -98,8 +102,8 @@ def check_data(cfg: ResnetConfig, image_shape: tuple[int, int, int], num_train: 
     notes = []
     if cfg.batch_size > num_train:
         notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
-                     f"repeats images, and {math.ceil(cfg.epochs * num_train / cfg.batch_size)} step(s) will not "
-                     f"train a network; lower batch_size (--set batch_size=...)")
+                     f"repeats images, and {counted(math.ceil(cfg.epochs * num_train / cfg.batch_size), 'step')} will "
+                     f"not train a network; lower batch_size (--set batch_size=...)")
     return notes
 
 

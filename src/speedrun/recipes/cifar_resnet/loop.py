@@ -182,7 +182,7 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
     model.train()
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
                   on_scalars=on_scalars)
-    with stop_at_step_end() as stop:  # a signal ends the run after its current step, with a checkpoint
+    with stop_at_step_end(keep_state=checkpoints is not None or world.size > 1) as stop:
         guard = FiniteLossGuard(device, total_steps, "lr", enabled=cfg.check_finite_loss, world=world, stop=stop,
                                 every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):

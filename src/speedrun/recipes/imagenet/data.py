@@ -24,7 +24,7 @@ from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import (MANIFEST, SPLITS, SYNTHETIC_FORMAT, Shards, file_sha256, listed_splits, open_regular,
                                   prepare_command, read_classes, repair_advice, write_split)
-from speedrun.errors import print_line, warn
+from speedrun.errors import counted, print_line, warn
 from speedrun.paths import data_root, make_folder, user_path
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.records.result_file import write_text
@@ -59,9 +59,10 @@ class ShardData:
         return len(self.classes)
 
 
-def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line) -> ShardData:
+def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line, smoke: bool = False) -> ShardData:
     """`dataset`: a folder written by `speedrun data prepare` (classes.json, train-*.tar, and val-* or test-*),
-    or "synthetic" (small learnable shards made once in the data cache: imagenet-debug's default)."""
+    or "synthetic" (small learnable shards made once in the data cache: imagenet-debug's default). smoke changes
+    nothing here: shards are opened, not read, and a run reads only the images it steps through."""
     if image_size is not None:
         raise ValueError("--image-size is for image folders; the imagenet recipes choose resolutions by config "
                          "(--set min_res_px=... max_res_px=... eval_res_px=...)")
@@ -132,9 +133,12 @@ def _check_every_class_trains(root: Path, labels: np.ndarray, classes: tuple[str
         command, recorded = prepare_command(root)
         where = (f"{recorded}/train/" if recorded and Path(recorded, "train").is_dir() else recorded or
                  "SRC/train/ (SRC: the image folder they were prepared from)")  # SRC/<class>/ is a train split too
-        raise ValueError(f"{root}: class(es) {names} of classes.json have no training images (their train/ folders "
-                         "are empty), and a class never trained on is never predicted; add images to them, or "
-                         f"remove those class folders from {where}, then run `{command}` again")
+        classes, have, folders, them, those = (
+            ("class", "has", "its train/ folder is", "it", "that class folder") if len(absent) == 1 else
+            ("classes", "have", "their train/ folders are", "them", "those class folders"))
+        raise ValueError(f"{root}: {classes} {names} of classes.json {have} no training images ({folders} empty), and "
+                         f"a class never trained on is never predicted; add images to {them}, or remove {those} from "
+                         f"{where}, then run `{command}` again")
 
 
 def _synthetic_shards(cache: Path, log) -> Path:
@@ -251,8 +255,8 @@ def smoke(cfg: ImagenetConfig, data: ShardData) -> tuple[ImagenetConfig, ShardDa
 def notes(cfg: ImagenetConfig, data: ShardData, smoke: bool = False) -> list[str]:
     steps = steps_for(cfg.epochs, data.num_train, cfg.batch_size)
     if smoke:
-        return [f"smoke test: {steps} step(s) of {cfg.batch_size} at {cfg.max_res_px} px, {data.num_eval} evaluation "
-                "images: this checks that the pipeline runs; its accuracy is not a result"]
+        return [f"smoke test: {counted(steps, 'step')} of {cfg.batch_size} at {cfg.max_res_px} px, {data.num_eval} "
+                "evaluation images: this checks that the pipeline runs; its accuracy is not a result"]
     return [f"{steps} steps of {cfg.batch_size}; resolution {cfg.min_res_px}->{cfg.max_res_px} px, evaluation at "
             f"{cfg.eval_res_px} px"]
 

@@ -21,6 +21,7 @@ from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, stop_at_step_end
 from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
+from speedrun.errors import counted
 from speedrun.models.resnet import norm_and_bias_params, resnet
 from speedrun.recipes.imagenet.config import ImagenetConfig
 from speedrun.recipes.imagenet.data import ShardData
@@ -64,8 +65,8 @@ def flops(cfg: ImagenetConfig, data: ShardData) -> RunFlops:
     return RunFlops(train=train, steps=total, evaluation=evaluation,
                     counted=f"{total} steps of {cfg.batch_size} images at " + ", ".join(
                         f"{px} px x {n}" for px, n in sorted(at_res.items())) + f" (forward and backward), "
-                    f"{data.num_eval} evaluation images x {views} view(s) at {cfg.eval_res_px} px; convolutions and "
-                    "matmuls only (torch.utils.flop_counter)")
+                    f"{data.num_eval} evaluation images x {counted(views, 'view')} at {cfg.eval_res_px} px; "
+                    "convolutions and matmuls only (torch.utils.flop_counter)")
 
 
 def build_optimizer(cfg: ImagenetConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -183,7 +184,7 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
     loss = torch.zeros(())
     steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
                   on_scalars=on_scalars)
-    with stop_at_step_end() as stop:
+    with stop_at_step_end(keep_state=checkpoints is not None or world.size > 1) as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
                                 stop=stop, every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):
