@@ -77,11 +77,13 @@ def test_with_a_state_to_keep_the_step_finishes_and_the_request_is_recorded(monk
 
 def test_the_previous_handlers_and_wakeup_fd_come_back():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    wakeup = signal.set_wakeup_fd(-1)  # whatever was set before (none, or another library's): put back as it was
+    signal.set_wakeup_fd(wakeup)
     threads = threading.active_count()
     with stop_at_step_end(keep_state=True):
         pass
     assert {s: signal.getsignal(s) for s in before} == before
-    assert signal.set_wakeup_fd(-1) == -1  # none left set
+    assert signal.set_wakeup_fd(wakeup) == wakeup  # ours is gone
     assert threading.active_count() == threads  # the watcher thread ended
 
 
