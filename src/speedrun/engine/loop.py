@@ -123,7 +123,7 @@ def signals_handled_by(handler, acknowledge: Callable[[int], str] | None = None)
     process-directed signal that the main thread blocks. Only the main thread may set handlers; elsewhere this
     changes nothing.
 
-    acknowledge(signum) -> a line for stderr, written once, at the first of the two signals, at once: Python runs a
+    acknowledge(signum) -> a line for stderr, written once, at the first SIGINT or SIGTERM, at once: Python runs a
     handler only between two lines of Python, and a CPU backward is one call of seconds. The interpreter's C-level
     handler writes each signal's number to a pipe (signal.set_wakeup_fd) that a thread waits on; torch releases
     the GIL inside its calls, so the thread writes the line while the call runs."""
@@ -149,7 +149,8 @@ def _acknowledged(acknowledge: Callable[[int], str]):
     try:
         old_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     except ValueError:  # a wakeup fd that cannot be set (an embedding interpreter): no acknowledgement
-        os.close(read_end), os.close(write_end)
+        os.close(read_end)
+        os.close(write_end)
         yield
         return
 
