@@ -131,11 +131,8 @@ def signals_handled_by(handler, acknowledge: Callable[[int], str] | None = None)
         yield
         return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    stack = contextlib.ExitStack()
     try:
-        if acknowledge is not None:
-            stack.enter_context(_acknowledged(acknowledge))
-        with stack:
+        with contextlib.nullcontext() if acknowledge is None else _acknowledged(acknowledge):
             yield
     finally:
         for s, old in previous.items():
