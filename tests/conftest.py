@@ -51,6 +51,17 @@ def _machine_peak_cache_unread(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """A test's results folder, data cache, results database and working folder, all in its own tmp_path (for a
+    file of CLI tests: `pytestmark = pytest.mark.usefixtures("in_tmp")`)."""
+    monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPEEDRUN_DB", str(tmp_path / "results.db"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
 def tiny() -> Dataset:
     return make_tiny()
 

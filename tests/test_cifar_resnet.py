@@ -30,11 +30,7 @@ TINY = ["--dataset", DATA, "--device", "cpu", "--set", "batch_size=64", "--set",
         "whiten_images=64"]
 
 
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 @pytest.fixture(scope="module", autouse=True)

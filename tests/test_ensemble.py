@@ -264,12 +264,15 @@ def test_eval_shows_its_progress_and_the_time_left_on_stderr_unless_quiet(saved,
     assert code == 0, err
     progress = [line for line in err.splitlines() if line.startswith("eval: ")]
     # 64 images in one batch, TTA level 2: a warm-up and a pass per model, a quarter of the work each
-    stages = [f"model 1/2 ({stems[0]}) warm-up at 64/64 images", f"model 1/2 ({stems[0]}) at 64/64 images",
+    # and a first line at once, before any work (no estimate yet)
+    stages = [f"model 1/2 ({stems[0]}) warm-up at 0/64 images",
+              f"model 1/2 ({stems[0]}) warm-up at 64/64 images", f"model 1/2 ({stems[0]}) at 64/64 images",
               f"model 2/2 ({stems[1]}) warm-up at 64/64 images", f"model 2/2 ({stems[1]}) at 64/64 images"]
     assert [line.split(" (", 1)[1].rsplit("), ", 1)[0] for line in progress] == stages
-    assert [line.split()[1] for line in progress] == ["25%", "50%", "75%", "100%"]
-    assert all(re.search(r"\), \d+ s, about \d+ s left$", line) for line in progress[:3]), progress
-    assert re.search(r"\), \d+ s$", progress[3]), progress[3]
+    assert [line.split()[1] for line in progress] == ["0%", "25%", "50%", "75%", "100%"]
+    assert re.search(r"\), \d+ s$", progress[0]), progress[0]
+    assert all(re.search(r"\), \d+ s, about \d+ s left$", line) for line in progress[1:4]), progress
+    assert re.search(r"\), \d+ s$", progress[4]), progress[4]
     code, quiet_out, quiet_err = run_cli(["eval", "--ensemble", *map(str, stems[:2]), "--dataset", DATA, "--device",
                                           "cpu", "--quiet"], capsys)
     assert code == 0 and quiet_err == "" and quiet_out.splitlines()[0] == out.splitlines()[0]

@@ -82,6 +82,15 @@ def test_bad_settings_are_one_line_before_any_run(extra, fragment, capsys, tmp_p
     assert not no_run and not (tmp_path / "r.json").exists()
 
 
+def test_epochs_given_twice_names_every_place_it_can_come_from(capsys, tmp_path, no_run):
+    """bench's --vary epochs= with --epochs: the refusal must not name a --set that was never given as the only
+    source (sweep's --space has its own refusal)."""
+    code = main(["bench", "--vary", "epochs=1,2", *TINY, "--db", str(tmp_path / "r.db")])
+    err = _one_line_error(capsys, code, "epochs is given twice")
+    assert "--vary" in err, err
+    assert not no_run
+
+
 def test_set_epochs_is_the_config_field(tmp_path):
     """`--set epochs=E` (a key that is also a train() argument) trains E epochs instead of a TypeError."""
     argv = [a for a in TINY if a not in ("--epochs", "0.5")]

@@ -606,7 +606,7 @@ def test_chained_extended_headers_and_deep_names_are_one_line(tmp_path):
     deep.write_bytes(gzip.compress(_small_tar({"cifar-10-batches-py/" + "d/" * 20_000 + "f": b"x"})))
     with pytest.raises(ValueError) as err:
         safe_extract(deep, tmp_path / "o2")
-    _one_line(str(err.value), "deep.tar.gz", "or 32 or more levels", "(40021 characters)")
+    _one_line(str(err.value), "deep.tar.gz", "or 32 or more levels", "(40,021 characters)")
     assert len(str(err.value)) < 400  # the 40,021-character name is cut short in the message
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 

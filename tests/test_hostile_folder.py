@@ -557,3 +557,34 @@ def test_pillows_own_warnings_do_not_flood_stderr(tmp_path):
         warnings.simplefilter("error")
         ds = load_dataset(str(root), cache_dir=tmp_path / "cache")
     assert ds.train_images.shape[0] == 7  # two of _folder's, five palette PNGs
+
+
+@pytest.mark.parametrize("rename", [{"train": "Train", "test": "Test"}, {"test": "TEST"}, {"train": "tRain"}])
+def test_a_split_folder_in_another_case_is_named_by_every_reader(rename, tmp_path, capsys):
+    """Train/ or TEST/ would otherwise be read as a class folder or left out, and each reader (train's image
+    folder, prepare) refused it with words about something else."""
+    from speedrun.cli import main
+    from speedrun.data.prepare import read_source
+    root = _folder(tmp_path / "d")
+    for old, new in rename.items():
+        (root / old).rename(root / new)
+    with pytest.raises(ValueError, match=r"split folders are found by their lower-case names") as e:
+        load_dataset(str(root), data_dir=tmp_path / "cache")
+    for new in rename.values():
+        assert f"{new}/" in str(e.value)
+    with pytest.raises(ValueError, match=r"rename (it|them) to "):
+        read_source(root)
+    assert main(["data", "prepare", str(root), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lower-case names" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_class_folder_named_like_a_split_is_a_class(tmp_path):
+    """SRC/<class>/<image> with a class called Train (a vehicles dataset): it holds images, not folders."""
+    from speedrun.data.prepare import read_source
+    root = tmp_path / "vehicles"
+    for cls in ("Bus", "Train"):
+        (root / cls).mkdir(parents=True)
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / cls / "1.png")
+    assert read_source(root).classes == ["Bus", "Train"]

@@ -30,12 +30,7 @@ TINY = ["--dataset", "synthetic:train=64,test=16", "--device", "cpu", "--set", "
 SRC = Path(__file__).resolve().parents[1] / "src" / "speedrun"
 
 
-@pytest.fixture(autouse=True)
-def _in_tmp(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPEEDRUN_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("SPEEDRUN_DB", str(tmp_path / "results.db"))
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("in_tmp")
 
 
 def _one_line(code: int, err: str) -> str:

@@ -130,3 +130,18 @@ def test_a_card_whose_smoke_flag_is_not_a_boolean_is_refused(model_dir, tmp_path
         return
     with pytest.raises(ValueError, match="smoke_test must be true, false or absent"):
         saved.load(tmp_path / "x")
+
+
+def test_a_folder_given_as_the_model_is_named_a_folder_with_a_model_in_it(model_dir, tmp_path):
+    """Not "FOLDER.json does not exist": the folder is what the user typed, and one saved model in it is offered."""
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a saved model") as e:
+        saved.load(model_dir)
+    assert f"such as {model_dir}/" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a saved model; give the PATH of a model saved"):
+        saved.load(tmp_path)  # an empty folder: no example
+    saved.load(model_dir / "m")  # a model beside a folder of its name still loads by PATH
+    (model_dir / "m").mkdir()
+    try:
+        saved.load(model_dir / "m")  # m.json exists: the folder m/ is not what is meant
+    finally:
+        (model_dir / "m").rmdir()

@@ -42,9 +42,11 @@ def _path_max() -> int:
         return _PATH_MAX_FALLBACK - 1
 
 
-def _shown(text: str) -> str:
-    """A path for a message: whole when short, else its start and its length (a refused path may be 100 kB)."""
-    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text):,} characters)"
+def quoted_name(name: str, keep: int = 80) -> str:
+    """A name from outside (a path, an archive member) for a message: quoted whole when short, else its start
+    and its length: a refused name may be 900,000 characters, and the line must stay one readable line."""
+    text = repr(name)
+    return text if len(text) <= keep else f"{name[:keep * 3 // 4]!r}... ({len(name):,} characters)"
 
 
 # The options and variables that name one file speedrun writes, each with a file name for the example of a refusal.
@@ -100,11 +102,11 @@ def _check_size(path: Path, text: str, what: str) -> None:
     # Both counts: "a/../a/../..." is shallow once normalized (abspath) but os.makedirs walks it part by part.
     depth = max(len(path.parts), len(Path(full).parts))
     if depth > MAX_PATH_DEPTH:
-        raise ValueError(f"{what} {_shown(text)} is {depth:,} folders deep, more than the {MAX_PATH_DEPTH} speedrun "
-                         "takes; give a shorter path")
+        raise ValueError(f"{what} {quoted_name(text)} is {depth:,} folders deep, more than the {MAX_PATH_DEPTH} "
+                         "speedrun takes; give a shorter path")
     size, limit = len(os.fsencode(full)), _path_max()
     if size > limit:
-        raise ValueError(f"{what} {_shown(text)} is {size:,} bytes long in full, more than this system's limit of "
+        raise ValueError(f"{what} {quoted_name(text)} is {size:,} bytes long in full, more than this system's limit of "
                          f"{limit:,}; give a shorter path")
 
 
@@ -143,42 +145,41 @@ def _not_blank(path: str | os.PathLike, what: str, default: str) -> None:
                          "~/.cache/speedrun")
 
 
-def in_the_way(path: str | os.PathLike) -> str | None:
-    """Why `path` cannot be (or be made) a folder: "PATH is a file, not a folder" for the outermost of it and its
-    parents that exists and is not a folder (a file, a link to one, a broken link, a symlink loop, a FIFO ...); None
-    when nothing is in the way."""
+def _outermost_trouble(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """(the outermost of `path` and its parents that exists and is not a folder, what it is: "a file", "a broken
+    link", "a symlink loop", "a device, FIFO or socket"); None when nothing is in the way, or when a part cannot be
+    searched (EACCES ...: the caller's own error says so)."""
     path = Path(os.path.abspath(path))
     for p in [*reversed(path.parents), path]:
         try:
             st = os.stat(p)
         except FileNotFoundError:
-            if os.path.islink(p):
-                return f"{p} is a broken link, not a folder"
-            return None  # the rest is missing: mkdir makes it
-        except OSError as e:  # EACCES ...: not "in the way"; the caller reports its own error
-            if e.errno == errno.ELOOP:  # the outermost loop (its parents stat): mkdir would say "File exists"
-                return f"{p} is a symlink loop, not a folder"
-            return None
+            return (p, "a broken link") if os.path.islink(p) else None  # else the rest is missing: mkdir makes it
+        except OSError as e:  # the outermost loop (its parents stat): mkdir would say "File exists"
+            return (p, "a symlink loop") if e.errno == errno.ELOOP else None
         if stat.S_ISREG(st.st_mode):
-            return f"{p} is a file, not a folder"
+            return p, "a file"
         if not stat.S_ISDIR(st.st_mode):
-            return f"{p} is not a folder (a device, FIFO or socket)"
+            return p, "a device, FIFO or socket"
     return None
+
+
+def in_the_way(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be (or be made) a folder: "PATH is a file, not a folder" for the outermost of it and its
+    parents that exists and is not a folder (a file, a link to one, a broken link, a symlink loop, a FIFO ...); None
+    when nothing is in the way."""
+    trouble = _outermost_trouble(path)
+    if trouble is None:
+        return None
+    p, what = trouble
+    return f"{p} is not a folder ({what})" if what.startswith("a device") else f"{p} is {what}, not a folder"
 
 
 def symlink_loop(path: str | os.PathLike) -> str | None:
     """"PATH is a symlink loop" for the outermost of `path` and its parents that is one (the system says "Too many
     levels of symbolic links", or "File exists" when asked to make a folder there); None when none is."""
-    path = Path(os.path.abspath(path))
-    for p in [*reversed(path.parents), path]:
-        try:
-            os.stat(p)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                return f"{p} is a symlink loop"
-            if not os.path.islink(p):  # missing, or not ours to search: nothing further down can be told
-                return None
-    return None
+    trouble = _outermost_trouble(path)
+    return f"{trouble[0]} is a symlink loop" if trouble is not None and trouble[1] == "a symlink loop" else None
 
 
 def check_writable(path: str | os.PathLike, what: str, fix: str, *, folder: bool = False) -> None:
@@ -264,8 +265,8 @@ def distinct_outputs(outputs: Sequence[tuple[str, str, str | os.PathLike, bool |
             if resolved != other_resolved or (kind == other_kind and kind in (True, SECTIONS)):
                 continue
             other_folder = other_kind is True
-            shown = (_shown(given) if given == other_given else
-                     f"{_shown(other_given)} and {_shown(given)}, both {_shown(resolved)}")
+            shown = (quoted_name(given) if given == other_given else
+                     f"{quoted_name(other_given)} and {quoted_name(given)}, both {quoted_name(resolved)}")
             if folder == other_folder:
                 said = f"the same file ({shown}): one would refuse or overwrite the other"
             else:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from speedrun.data import limits
 from speedrun.errors import clip
+from speedrun.paths import quoted_name
 
 # The largest single read tarfile may make: a PAX or long-name header's payload (real ones are < 1 kB). tarfile
 # recurses once per extended header and each level keeps its payload, so this bounds that chain's memory too.
@@ -38,12 +39,6 @@ _MAX_NAME_DEPTH = 32
 _DRAIN_CHUNK = 1 << 20
 
 
-def _shown(name: str) -> str:
-    """A member name for a message: quoted, and cut short (a name from an archive may be 900,000 characters)."""
-    text = repr(name)
-    return text if len(text) <= 120 else text[:100] + f"...' ({len(name)} characters)"
-
-
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
@@ -58,7 +53,7 @@ def _check_member(member: tarfile.TarInfo, root: str, tar_name: str) -> None:
     elsewhere. The path is resolved with realpath against what is already on disk, as a second line.
     """
     name = member.name
-    where = f"archive {tar_name} member {_shown(name)}"
+    where = f"archive {tar_name} member {quoted_name(name, 120)}"
     if len(name) > _MAX_NAME_CHARS or name.count("/") + name.count("\\") >= _MAX_NAME_DEPTH:
         raise ValueError(f"{where} has a name of {len(name)} characters or {_MAX_NAME_DEPTH} or more levels; "
                          "refusing to extract this archive")
@@ -164,7 +159,7 @@ def safe_extract(
                         raise ValueError(f"archive {tar_path.name} has more than {max_members} members; {fix}")
                     _check_member(member, root, tar_path.name)
                     if member.isreg():
-                        where = f"archive {tar_path.name} member {_shown(member.name)}"
+                        where = f"archive {tar_path.name} member {quoted_name(member.name, 120)}"
                         limits.check_size(member.size, max_member_bytes, where, fix)
                         total += member.size
                         limits.check_size(total, max_total_bytes, f"archive {tar_path.name} unpacked", fix)
@@ -190,7 +185,7 @@ def safe_extract(
 def _raise_one_line(e: BaseException, tar_path: Path) -> None:
     """Re-raise an extraction failure as the one-line error the user sees; return for anything else."""
     if isinstance(e, getattr(tarfile, "FilterError", ())):  # only if Python's filter is stricter than ours
-        raise ValueError(f"archive {tar_path.name} member {_shown(e.tarinfo.name)} refused: "
+        raise ValueError(f"archive {tar_path.name} member {quoted_name(e.tarinfo.name, 120)} refused: "
                          f"{clip(str(e), 200)}") from None
     if isinstance(e, RecursionError):  # tarfile recurses once per chained header; the block cap trips first
         raise ValueError(_chain_refusal(tar_path.name, _BLOCK_READS_PER_MEMBER)) from None

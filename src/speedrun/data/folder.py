@@ -113,10 +113,45 @@ def shown_name(e: os.DirEntry, rel: str) -> str:
         return rel
 
 
+SPLIT_FOLDERS = ("train", "val", "test")
+
+
+def check_split_case(root: Path) -> None:
+    """Refuse a split folder spelled in another case (Train/, VAL/): split folders are found by their lower-case
+    names, so one spelled otherwise would be read as a class folder or left out, and the refusal that followed
+    would name something else ("no images in its class folders", "holds no dataset"). A folder holding no folder
+    among its first entries is a class (a vehicles dataset's Train/) and is left alone."""
+    try:
+        with os.scandir(root) as entries:  # one pass, keeping only the few names that can match
+            wrong = sorted(e.name for e in entries if e.name.lower() in SPLIT_FOLDERS and e.name not in SPLIT_FOLDERS
+                           and _holds_a_folder(Path(e.path)))
+    except OSError:  # not a folder, or unreadable: the caller's own checks say so
+        return
+    if wrong:
+        shown, fixed = ", ".join(f"{n}/" for n in wrong), ", ".join(f"{n.lower()}/" for n in wrong)
+        raise ValueError(f"{root} has {shown}: split folders are found by their lower-case names (train/, val/, "
+                         f"test/); rename {'it' if len(wrong) == 1 else 'them'} to {fixed}")
+
+
+def _holds_a_folder(directory: Path, peek: int = 64) -> bool:
+    """Whether one of the first `peek` entries of `directory` is a folder (bounded: a class folder may hold
+    millions of images)."""
+    try:
+        with os.scandir(directory) as entries:
+            for _, e in zip(range(peek), entries):
+                if e.is_dir():
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 def which_test_folder(root: Path) -> str | None:
     """Which folder of `root` holds its test split: test/, or val/ where there is no test/ (ImageNet's layout);
     None when `root` has no train/ folder (not an image folder). Raises ValueError when train/ has neither
-    beside it, or both hold class folders (which one is the test set is then the user's choice)."""
+    beside it, or both hold class folders (which one is the test set is then the user's choice), or when a split
+    folder is spelled in another case (check_split_case)."""
+    check_split_case(root)
     if not (root / "train").is_dir():
         return None
     found = [s for s in ("test", "val") if (root / s).is_dir()]

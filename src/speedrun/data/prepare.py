@@ -40,7 +40,7 @@ from PIL import Image, ImageOps
 from speedrun.data import folder, limits
 from speedrun.errors import warn
 
-SPLITS = ("train", "val", "test")
+SPLITS = folder.SPLIT_FOLDERS
 # Prepared images waiting in memory at most: results come back in order, so a slow one holds the ones behind it.
 _IN_FLIGHT_BYTES = 256 * 2**20
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -134,6 +134,7 @@ def list_source(src: Path) -> tuple[list[str], dict[str, list[SourceFile]], dict
 def read_source(src: Path) -> Source:
     """The tree at `src` listed, the layout checked (see the module). Only two levels are read, split/class/file,
     so no symlink loop is ever followed."""
+    folder.check_split_case(src)
     split_dirs = {s: src / s for s in SPLITS if (src / s).is_dir()}
     beside = folder.LeftOut()
     if split_dirs:

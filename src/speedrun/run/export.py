@@ -248,11 +248,28 @@ def save_trained(path: Path, model: nn.Module, card: dict, recipe, cfg, dataset:
     return save_model(path, unwrap(model), _card(card, recipe, cfg, dataset, run.accuracy, run.seed, smoke))
 
 
+def _not_a_folder(given: Path, card_path: Path) -> None:
+    """A folder given as the model (`eval --ensemble m1 models/`) is named as one, with the saved models in it,
+    not as its missing PATH.json."""
+    if card_path.exists() or not given.is_dir():
+        return
+    try:
+        with os.scandir(given) as entries:  # bounded: the first few saved models only
+            found = [e.name[:-len(".safetensors")] for _, e in zip(range(10_000), entries)
+                     if e.name.endswith(".safetensors")][:3]
+    except OSError:
+        found = []
+    example = f" such as {given / found[0]}" if found else ""
+    raise FileNotFoundError(f"{given} is a folder, not a saved model; give the PATH of a model saved with --save "
+                            f"PATH{example} (PATH, PATH.safetensors and PATH.json name the same model)")
+
+
 @escaped_refusals
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
     """`speedrun.load(PATH)`: the model saved at PATH (PATH, PATH.safetensors or PATH.json), checked as
     model_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
     weights, card_path = model_paths(path)
+    _not_a_folder(card_path.with_suffix(""), card_path)
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     try:
         try:  # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting is a RecursionError

@@ -59,7 +59,9 @@ def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any])
     `--set epochs=E` sets the field alone; giving it and --epochs is ambiguous and refused.
     """
     if epochs is not None and "epochs" in overrides:
-        raise ValueError("epochs is given twice (epochs= / --epochs and --set epochs=); keep one")
+        # the setting may come from --set, --vary, --space or a settings file: name them all, not one never given
+        raise ValueError("epochs is given twice: --epochs (the whole schedule compressed) and a setting epochs= "
+                         "(--set, --vary, --space or a settings file: the field alone); keep one")
     cfg = apply_overrides(recipe.make_config(), overrides)
     if epochs is not None:
         cfg = recipe.module().with_epochs(cfg, _check_epochs(epochs))
