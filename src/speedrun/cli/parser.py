@@ -61,6 +61,13 @@ TENSORBOARD_HELP = ("write TensorBoard event files (per-step loss, lr; per-epoch
                     "pip install 'speedrun[tensorboard]'")
 
 
+MODEL_HELP = ("the network to train instead of the recipe's: FUNCTION in MODULE (a .py file or an importable module) "
+              "builds an nn.Module from (in_channels, num_classes, image_px); the recipe's data path and every trick "
+              "that applies to any network train it")
+LOAD_HELP = ("the builder (MODULE:FUNCTION) of a model trained with --model; a saved model never imports its builder "
+             "itself")
+
+
 def _instrument_flags(p: argparse.ArgumentParser, epochs_help: str = EPOCHS_HELP) -> None:
     """The flags ablate and tune share with bench's: the data, the device, the budget, the seed and the outputs."""
     for flag, kwargs in (("--dataset", {"help": DATASET_HELP}), ("--data-dir", {"help": DATA_DIR_HELP}),
@@ -104,6 +111,7 @@ def _add_train(sub) -> None:
     t.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set lookahead=false (repeatable)")
+    t.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     t.add_argument("--json", default=None,
                    help="result file, never replaced (default: a new results/<time>-<recipe>-<dataset>.json)")
     t.add_argument("--smoke", action="store_true",
@@ -168,6 +176,7 @@ def _add_measuring(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="the baseline's config overrides (repeatable)")
+    b.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     b.add_argument("--json", default=None, help="report file, never replaced (default: results/<time>-bench-...)")
     b.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
     b.add_argument("--tensorboard", default=None, metavar="DIR", help=TENSORBOARD_HELP)
@@ -180,6 +189,7 @@ def _add_measuring(sub) -> None:
     _instrument_flags(a)
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="the baseline's config overrides (repeatable)")
+    a.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     a.add_argument("--waterfall", default=None, metavar="ORDER",
                    help="tricks (comma-separated) added one at a time to a plain start, cumulatively")
     a.add_argument("--to-target", action="store_true",
@@ -198,6 +208,7 @@ def _add_measuring(sub) -> None:
     _instrument_flags(tu, epochs_help="the short budget each run trains (default: the recipe's; 0.25 to 1 is typical)")
     tu.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="the current configuration's overrides, each setting is measured against (repeatable)")
+    tu.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     tu.add_argument("--only", default=None, metavar="KEY,...",
                     help="measure only these settings (precision, channels_last, compile, cudnn_benchmark, "
                          "cpu_threads, batch_size, optimizer_kernel, eval_batch_size, workers)")
@@ -214,6 +225,7 @@ def _add_measuring(sub) -> None:
     pr.add_argument("--device", default="auto", help=DEVICE_HELP)
     pr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config overrides, as for train (repeatable)")
+    pr.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     pr.add_argument("--steps", type=int, default=5, metavar="N",
                     help="training steps recorded, after 1 skipped and 1 warm-up step (default 5)")
     pr.add_argument("--seed", type=int, default=0, help="the seed of the profiled run (default 0)")
@@ -266,6 +278,7 @@ def _add_sweep(sub) -> None:
                    "(default 0)")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config overrides under every trial (repeatable)")
+    s.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=MODEL_HELP)
     s.add_argument("--json", default=None,
                    help="report file, never replaced (default: a new results/<time>-sweep-<recipe>-<dataset>.json)")
     s.add_argument("--db", default=None, metavar="PATH", help="results database (default as for train)")
@@ -294,6 +307,7 @@ def _add_files_and_models(sub) -> None:
     e.add_argument("--device", default="auto", help=DEVICE_HELP)
     e.add_argument("--json", default=None, help="also write the result to this new file")
     e.add_argument("--quiet", action="store_true", help="print only the result (and warnings): no progress")
+    e.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=LOAD_HELP)
     p = sub.add_parser("predict", help="top classes of image files under a saved model")
     p.add_argument("model", nargs="?", help="a saved model (PATH, PATH.safetensors or PATH.json)")
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
@@ -302,6 +316,7 @@ def _add_files_and_models(sub) -> None:
                         "images before --ensemble or after --")
     p.add_argument("--top", type=int, default=5, help="classes shown per image (default 5)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--model", dest="builder", default=None, metavar="MODULE:FUNCTION", help=LOAD_HELP)
     o = sub.add_parser("report", help="the results database as one HTML page; --readme/--benchmarks tables")
     o.add_argument("--out", default=None, metavar="FILE",
                    help="the HTML file (default speedrun-report.html; replaces only an earlier report)")

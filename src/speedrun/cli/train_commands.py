@@ -12,7 +12,8 @@ import numpy as np
 
 from speedrun import dist
 from speedrun.cli.output import EXIT_DIVERGED, err, out
-from speedrun.config import check_int, parse_set_args
+from speedrun.cli.user_model import given_builder, overrides_of
+from speedrun.config import check_int
 from speedrun.data.folder import IMAGE_EXTENSIONS
 from speedrun.engine.peak import datasheet
 from speedrun.engine.peak import mfu_text as peak_text
@@ -65,7 +66,7 @@ def _report_to(json_arg: str | None, make) -> tuple[dict, Path | None]:
 
 
 def train_command(args, argv: list[str]) -> int:
-    overrides = parse_set_args(args.overrides)
+    overrides = overrides_of(args)
     result = runs.train(args.recipe, args.dataset, device=args.device, epochs=args.epochs, runs=args.runs,
                         seed=args.seed, data_dir=args.data_dir, image_size=args.image_size,
                         json_path="auto" if args.json is None else args.json, verbose=not args.quiet,
@@ -120,7 +121,7 @@ def _bench_lines(report: dict) -> list[str]:
 
 
 def bench_command(args, argv: list[str]) -> int:
-    vary, overrides = recipe_vary(args.recipe, args.vary), parse_set_args(args.overrides)
+    vary, overrides = recipe_vary(args.recipe, args.vary), overrides_of(args)
     report, path, stored = _run_and_store(args, argv, "bench", lambda log: bench(
         args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
         epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard))
@@ -156,7 +157,7 @@ def _ablate_lines(report: dict) -> list[str]:
              f"{'trick':20} {'off value':>10} {'gain (acc points, 95% CI)':>30} {'p':>8} {'time off/on':>12}  what"]
     for r in report["tricks"]:
         if not r["measured"]:
-            gain, p, ratio = "already off", "", ""
+            gain, p, ratio = "not in this network" if r.get("idle") else "already off", "", ""
         elif r["gain_accuracy"] is None:
             gain, p, ratio = "n/a (needs 2+ runs)", "", ""
         else:
@@ -177,7 +178,7 @@ def ablate_command(args, argv: list[str]) -> int:
                          "out one of them")
     if args.to_target:
         return to_target_command(args, argv)
-    overrides = parse_set_args(args.overrides)
+    overrides = overrides_of(args)
     order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
 
     def make(log):
@@ -226,7 +227,7 @@ def _target_lines(report: dict) -> list[str]:
 
 
 def to_target_command(args, argv: list[str]) -> int:
-    overrides = parse_set_args(args.overrides)
+    overrides = overrides_of(args)
     max_probes = DEFAULT_PROBES if args.max_probes is None else args.max_probes
     # checked before run_and_store opens the database and claims the report file
     check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
@@ -250,6 +251,7 @@ def to_target_command(args, argv: list[str]) -> int:
 def eval_command(args, argv: list[str] | None = None) -> int:
     """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr. With --ensemble
     M1 M2 ...: a table of each model's accuracy and the ensemble's (ensemble_eval)."""
+    given_builder(args)
     ensemble = getattr(args, "ensemble", None)
     if ensemble is not None and args.model is not None:
         raise ValueError(f"give either MODEL ({args.model}) or --ensemble MODEL MODEL ..., not both: with "
@@ -327,6 +329,7 @@ def predict_command(args) -> int:
     as it is scored; a file that fails after some were printed says how many were. With --ensemble, the mean
     softmax of the models, noted on stderr."""
     ensemble, images = _predict_inputs(args)
+    given_builder(args)
 
     def note_smoke(model) -> None:
         if model.smoke_test:
@@ -429,7 +432,7 @@ def profile_command(args, argv: list[str]) -> int:
 
     def make() -> dict:
         report = profile(args.recipe, dataset=args.dataset, device=args.device, data_dir=args.data_dir,
-                         image_size=args.image_size, overrides=parse_set_args(args.overrides), active=args.steps,
+                         image_size=args.image_size, overrides=overrides_of(args), active=args.steps,
                          seed=args.seed, trace="auto" if args.trace is None else args.trace, strict=args.strict,
                          log=_log)
         return {**report, "command": dist.command_line(argv)}
@@ -488,7 +491,7 @@ def tune_lines(report: dict) -> list[str]:
 
 
 def tune_command(args, argv: list[str]) -> int:
-    overrides = parse_set_args(args.overrides)
+    overrides = overrides_of(args)
     only = None if args.only is None else [k.strip() for k in args.only.split(",") if k.strip()]
     # an existing file fails before any work
     apply_path = claim_result_path(args.apply, "--apply") if args.apply is not None else None

@@ -332,8 +332,12 @@ def check_compatible(meta: dict, expected: dict, path: Path, may_differ: frozens
 
     def differ(field: str, old: Any, new: Any) -> ValueError:
         old_text, new_text = ("missing" if v is _MISSING else repr(v)[:100] for v in (old, new))
+        same_again = "resume with the same settings"
+        if field == "model":  # the user's network is named by --model, not --set (models/custom.py)
+            same_again = (f"resume with --model giving {old_text}" if isinstance(old, str) and old else
+                          "resume without --model")
         return ValueError(f"checkpoint {Path(path).name} was made with {field}={old_text}; this run has "
-                          f"{field}={new_text}: resume with the same settings, or {afresh}")
+                          f"{field}={new_text}: {same_again}, or {afresh}")
 
     for key, new in expected.items():
         if key in may_differ:

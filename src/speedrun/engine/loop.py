@@ -496,7 +496,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
     return correct / seen
 
 
-def run_notes(*, smoke: bool, steps: int, batch_size: int, n_test: int, views: int,
+def run_notes(*, smoke: bool, steps: int, batch_size: int, n_test: int, views: float,
               table_evaluations: int) -> list[str]:
     """The lines shown before an in-memory family's runs: what a smoke test is; else a line when scoring the test
     set (views forward passes per image, plus the per-epoch table's single-view evaluations) is more work than

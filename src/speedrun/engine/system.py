@@ -63,7 +63,9 @@ def resolve_system(cfg, device: torch.device) -> System:
     precision = resolve_precision(cfg.precision, device, family.BF16_AUTO_ON_CPU, family.CUDA_AUTO_PRECISION)
     return System(device, precision,
                   resolve_channels_last(cfg.channels_last, device, family.CHANNELS_LAST_AUTO_ON_CPU),
-                  resolve_half_weights(cfg.half_weights, device, precision, family.HALF_WEIGHTS_AUTO_ON_CUDA))
+                  # auto: off for the user's network (models/custom.py), whose norms half weights would not keep
+                  resolve_half_weights(cfg.half_weights, device, precision,
+                                       family.HALF_WEIGHTS_AUTO_ON_CUDA and not getattr(cfg, "model", "")))
 
 
 def _mps_available() -> bool:

@@ -31,8 +31,10 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     family = rec.module()
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
     dev = resolve_device(bench_kwargs.get("device", "auto"))
-    measured, off = split_tricks(family.TRICKS, base, dev)
-    already_off = [{"trick": key, "off": value, "what": what, "measured": False} for key, value, what in off]
+    idle = family.idle_tricks(base)
+    measured, off = split_tricks(family.TRICKS, base, dev, idle)
+    already_off = [{"trick": key, "off": value, "what": what, "measured": False, "idle": key in idle}
+                   for key, value, what in off]
     report = benching.bench(recipe, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
                             **bench_kwargs)
     report["benchmark"] = "ablate"
@@ -64,10 +66,12 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
                          f"{', '.join(unknown) or ', '.join(order)}; registered: {', '.join(offs)}")
     base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
     dev = resolve_device(bench_kwargs.get("device", "auto"))
-    _, off_in_base = split_tricks([t for t in family.TRICKS if t[0] in order], base, dev)
+    _, off_in_base = split_tricks([t for t in family.TRICKS if t[0] in order], base, dev, family.idle_tricks(base))
     already = [key for key in order if key in {t[0] for t in off_in_base}]
     if already:
-        raise ValueError(f"{', '.join(already)} is already off in {recipe} on {dev.type}: leave it out of --waterfall")
+        idle = " or does nothing for the network " + base.model if family.idle_tricks(base) else ""
+        raise ValueError(f"{', '.join(already)} is already off in {recipe} on {dev.type}{idle}: leave it out of "
+                         "--waterfall")
     text = {key: set_text(off) for key, off in offs.items()}
     steps, off = [], {key: text[key] for key in order}
     steps.append(("plain (all off)", dict(off)))

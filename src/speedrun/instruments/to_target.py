@@ -109,7 +109,7 @@ def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, d
     base = runner.make_config(rec, epochs, overrides)
     world = dist.from_env()
     dev = dist.device_for(world, resolve_device(device))
-    measured, already_off = split_tricks(family.TRICKS, base, dev)
+    measured, already_off = split_tricks(family.TRICKS, base, dev, family.idle_tricks(base))
     variants = [("baseline", {})] + [(f"{key}={set_text(off)}", {key: set_text(off)}) for key, off, _ in measured]
     configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
     dataset = rec.default_dataset if dataset is None else dataset

@@ -34,9 +34,14 @@ def set_text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def split_tricks(tricks: list[Trick], base, dev) -> tuple[list[Trick], list[Trick]]:
-    """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`."""
+def split_tricks(tricks: list[Trick], base, dev, idle: list[str] | tuple = ()) -> tuple[list[Trick], list[Trick]]:
+    """`tricks` as (on in `base`, already off in `base`), judged by what each value means on `dev`. `idle`: keys
+    that do nothing for base's network (a family's idle_tricks: the user's network, --model), counted as off,
+    their text saying why."""
     def is_off(key: str, off) -> bool:
-        return effective(key, getattr(base, key), dev, base) == effective(key, off, dev, base)
+        return key in idle or effective(key, getattr(base, key), dev, base) == effective(key, off, dev, base)
 
-    return [t for t in tricks if not is_off(t[0], t[1])], [t for t in tricks if is_off(t[0], t[1])]
+    def said(t: Trick) -> Trick:
+        return (t[0], t[1], f"{t[2]}; does nothing for the network {base.model}") if t[0] in idle else t
+
+    return [t for t in tricks if not is_off(t[0], t[1])], [said(t) for t in tricks if is_off(t[0], t[1])]

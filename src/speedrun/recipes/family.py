@@ -2,15 +2,25 @@
 
 A family is a package under speedrun/recipes/ (cifar, imagenet, cifar_resnet) whose `__init__` provides the names
 below; nothing outside a family reads any other name of it, nor a config field that FamilyConfig does not name.
-tests/test_family.py checks every registered family against `Family` (names, and each function's parameters), so
-a new family that forgets one fails there rather than in the middle of a run.
+tests/test_architecture.py checks every registered family against `Family` (names, and each function's parameters),
+so a new family that forgets one fails there rather than in the middle of a run; mypy checks the types of each
+family's answers against it (conformance.py), so one that answers with the wrong type fails the type check.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # for the annotations alone: importing this module imports no torch
+    import os
+
+    import torch
+
+    from speedrun import dist
+    from speedrun.engine.flops import RunFlops
+    from speedrun.engine.loop import RunResult
 
 # (config key, its "off" value, one line of what it is): every trick of a family, switched off in turn by ablate.
 Trick = tuple[str, Any, str]
@@ -39,6 +49,10 @@ class Family(Protocol):
     TRICKS: list[Trick]
     MAY_DIFFER_ON_RESUME: frozenset[str]  # config fields a resumed run may change (not what is trained)
 
+    def idle_tricks(self, cfg: Any) -> list[str]:
+        """The TRICKS keys that do nothing for cfg's network (the user's, --model: those acting inside the
+        recipe's own); ablate and --to-target leave them out, naming them."""
+
     def timed_region(self, cfg: Any) -> str:
         """What train_seconds covers, for the result file and the summary."""
 
@@ -54,8 +68,8 @@ class Family(Protocol):
     def epochs_for_steps(self, cfg: Any, num_train: int, steps: int) -> float:
         """The epochs at which run_steps is exactly `steps` (a schedule compressed to a step count)."""
 
-    def load_data(self, dataset: str, *, data_dir: Any, image_size: int | None, log: Callable[[str], None],
-                  smoke: bool = False) -> Any:
+    def load_data(self, dataset: str, *, data_dir: str | os.PathLike | None, image_size: int | None,
+                  log: Callable[[str], None], smoke: bool = False) -> Any:
         """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples. smoke:
         for a smoke test, which may then read only what smoke() keeps of it."""
 
@@ -65,7 +79,7 @@ class Family(Protocol):
     def smoke(self, cfg: Any, data: Any) -> tuple[Any, Any]:
         """(cfg, data) cut to a few steps on a little data: does the pipeline run?"""
 
-    def check(self, cfg: Any, data: Any, device: Any, world: Any) -> list[str]:
+    def check(self, cfg: Any, data: Any, device: torch.device, world: dist.World) -> list[str]:
         """Refuse (ValueError) what cannot train on this data and device; return warnings for the odd."""
 
     def notes(self, cfg: Any, data: Any, smoke: bool = False) -> list[str]:
@@ -74,23 +88,28 @@ class Family(Protocol):
     def data_signature(self, data: Any) -> dict:
         """What a checkpoint must agree on with the data it resumes on."""
 
-    def warmup(self, cfg: Any, data: Any, device: Any, world: Any = None) -> float:
+    def warmup(self, cfg: Any, data: Any, device: torch.device, world: dist.World | None = None) -> float:
         """Seconds of an untimed run (compile, autotune) before the timed ones; 0.0 when none is needed."""
 
-    def train_run(self, cfg: Any, data: Any, device: Any, seed: int, *, world: Any = None, on_step: Any = None,
-                  on_epoch: Any = None, checkpoints: Any = None, resume: Any = None, on_scalars: Any = None) -> Any:
-        """One run: an engine.loop.RunResult (accuracy, timed seconds, history, the trained model). on_scalars:
-        engine.loop.Steps's per-step hook (--tensorboard), None when off."""
+    def train_run(self, cfg: Any, data: Any, device: torch.device, seed: int, *, world: dist.World | None = None,
+                  on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None,
+                  checkpoints: Any = None, resume: dict[str, Any] | None = None,
+                  on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None) -> RunResult:
+        """One run: its accuracy, timed seconds, history and the trained model. checkpoints: run/resume.py's
+        Checkpoints (a layer above this one: Any here), or None; resume: a checkpoint's training state to continue
+        from. on_scalars: engine.loop.Steps's per-step hook (--tensorboard), None when off."""
 
     def model_card(self, cfg: Any, data: Any) -> dict:
         """What a saved model needs besides its weights: classes, image shape, normalization, TTA level."""
 
-    def build_model(self, cfg: Any, in_channels: int, num_classes: int) -> Any:
-        """The untrained network for cfg (a saved model is rebuilt with it, then given its weights)."""
+    def build_model(self, cfg: Any, in_channels: int, num_classes: int,
+                    image_px: int | None = None) -> torch.nn.Module:
+        """The untrained network for cfg (a saved model is rebuilt with it, then given its weights); image_px, the
+        images' side, for a network whose shape depends on it (the user's: models/custom.py)."""
 
-    def flops(self, cfg: Any, data: Any) -> Any:
-        """What one run computes on this data (an engine.flops.RunFlops, counted on the meta device): its training
-        steps and final evaluation, for MFU (`speedrun profile`, and every result)."""
+    def flops(self, cfg: Any, data: Any) -> RunFlops:
+        """What one run computes on this data (counted on the meta device): its training steps and final
+        evaluation, for MFU (`speedrun profile`, and every result)."""
 
 
 def mismatches(module: Any) -> list[str]:

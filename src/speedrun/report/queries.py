@@ -43,14 +43,14 @@ _LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset, device, device_n
     mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version, world_processes,
     coalesce({_json_at('$.config.target_accuracy')}, {_json_at('$.target_accuracy')}),
     {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')},
-    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged)
+    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged), {_json_at('$.config.model')}
     FROM results WHERE mean_accuracy IS NOT NULL AND NOT coalesce({_json_at('$.smoke_test')}, 0)
     AND coalesce({_json_at('$.complete')}, 1) AND instr(coalesce(command, ''), '  # setting ') = 0"""
 # Complete results only: an interrupted command's partial result is not a record (and the --resume that
 # finishes it stores the same runs again as a complete one). Older files without "complete" count as complete.
 _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accuracy", "std_accuracy", "seconds",
          "std_seconds", "hit_rate", "cost", "command", "commit", "dirty", "torch", "processes", "target", "driver",
-         "cuda", "diverged"]
+         "cuda", "diverged", "model"]
 
 
 def clip_text(value, limit: int = 400) -> str:
@@ -103,8 +103,10 @@ def is_synthetic(dataset) -> bool:
 
 
 def board_name(board: dict) -> str:
-    """"../data/cifar10 (cifar family)": what a leaderboard and its charts are about."""
-    return f"{clip_text(board['dataset'], 200)} ({board['family']} family)"
+    """"../data/cifar10 (cifar family)", "... (cifar family, network mobile_net:build)" for the user's network:
+    what a leaderboard and its charts are about."""
+    family, _, network = board["family"].partition(", network ")
+    return f"{clip_text(board['dataset'], 200)} ({family} family{f', network {network}' if network else ''})"
 
 
 # What an instrument's stored setting is, by the instrument that stored it (db.result_kind); any other: a bench's
@@ -168,7 +170,10 @@ def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: fl
         row = _clean(values)
         if row is not None and is_synthetic(row["dataset"]) == synthetic:
             row["reached"], row["p"] = (False, None) if synthetic else judge(row, alpha)
-            key = (clip_text(row["dataset"], 300), family_of(row["recipe"]), None if synthetic else row["target"])
+            # the user's network (--model) is its own board: its result is not the recipe's network's
+            network = clip_text(row["model"], 100) if isinstance(row["model"], str) and row["model"] else ""
+            family = family_of(row["recipe"]) + (f", network {network}" if network else "")
+            key = (clip_text(row["dataset"], 300), family, None if synthetic else row["target"])
             groups.setdefault(key, []).append(row)
     boards = []
     for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -28,6 +29,9 @@ from rich.text import Text
 from speedrun.engine import peak
 from speedrun.errors import printable
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, record_alpha, record_p_text, summarize
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 _ROW = "{:>8} {:>6} {:>11} {:>12} {:>11} {:>9}"
 _WIDE = 200  # columns for output that is not a terminal: long enough for any table, so nothing wraps
@@ -113,7 +117,7 @@ class Display:
         self.err = _console(sys.stderr)
         self.out = _console(sys.stdout)
         self._held: list[str] | None = []
-        self._status = None
+        self._status: Status | None = None
         # The records rule's threshold the summary judges at (stats.record_alpha: $SPEEDRUN_RECORD_P, else 0.01):
         # read here, with the command's other settings, so that a bad one is refused before any work
         self.record_p = record_alpha()
@@ -198,7 +202,10 @@ class Display:
             for text in (result_line(result), verdict_text(result)):
                 self.out.print(printable(text), highlight=False, markup=False)
             return
-        title = printable(f"{result.recipe} on {result.dataset} ({result.device}), n={len(result.finished)}")
+        config = getattr(result, "config", None)
+        network = config.get("model") if isinstance(config, dict) else None
+        title = printable(f"{result.recipe}{f' with network {network}' if network else ''} on {result.dataset} "
+                          f"({result.device}), n={len(result.finished)}")
         if result.smoke_test:
             title = "SMOKE TEST (pipeline check, not a result): " + title
         table = Table(title=Text(title, style="table.title"), title_justify="left")
@@ -308,6 +315,7 @@ class EvalProgress:
 
     def _line(self) -> None:
         """ "eval: 41% (model 1/2 (m1) at 8,000/10,000 images), 2 min 13 s, about 3 min 7 s left" """
+        assert self._err is not None  # a line is written only when verbose, which made the console
         left = self.left()
         estimate = "" if left is None or self.done == self.total else f", about {duration_text(left)} left"
         self._err.print(f"{self.title}: {100 * self.done // self.total}% ({self.where()}), "

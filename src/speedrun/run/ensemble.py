@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from speedrun.run import export
 from speedrun.run.display import EvalProgress
 from speedrun.run.export import TrainedModel
 
+_T = TypeVar("_T")
 MIN_MODELS = 2
 # What each evaluation time in a report holds, said in the table and the JSON.
 TIMED = ("per model: its pass over the test images already on the device (normalization, its TTA forward passes, "
@@ -122,7 +124,7 @@ class Ensemble:
         return export.top_classes(self.probabilities(images), self.classes, top)
 
 
-def _timed(device: torch.device, work: Callable[[], object]) -> tuple[object, float]:
+def _timed(device: torch.device, work: Callable[[], _T]) -> tuple[_T, float]:
     synchronize(device)
     start = time.perf_counter()
     value = work()

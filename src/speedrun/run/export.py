@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors.torch
@@ -28,6 +29,7 @@ from speedrun.engine.flops import on_meta
 from speedrun.engine.loop import evaluate
 from speedrun.engine.system import resolve_device
 from speedrun.errors import clip, escaped_refusals, note_stopped, printable, warn
+from speedrun.models import custom
 from speedrun.paths import in_the_way, user_path
 from speedrun.recipes import RECIPES
 from speedrun.run import model_files as files
@@ -95,6 +97,9 @@ class TrainedModel(nn.Module):
     The network stays in eval mode (BatchNorm's running statistics) even after .train(): this module is for
     inference. Gradients flow unless the caller uses torch.no_grad(); predict() does.
     """
+
+    mean: torch.Tensor  # buffers (register_buffer), which nn.Module's attribute lookup types as Tensor | Module
+    std: torch.Tensor
 
     def __init__(self, net: nn.Module, card: dict):
         super().__init__()
@@ -195,7 +200,8 @@ def save_model(path: str | os.PathLike, model: nn.Module, card: dict) -> str:
     tensors = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True,
                                 memory_format=torch.contiguous_format)
                for k, v in unwrap(model).state_dict().items()}
-    full = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "speedrun_version": __version__}  # at the top of the file
+    # these three first: they head the card file
+    full: dict[str, Any] = {"format": MODEL_FORMAT, "version": MODEL_VERSION, "speedrun_version": __version__}
     full.update((k, v) for k, v in card.items() if k not in full)
     if isinstance(full.get("accuracy"), float) and not math.isfinite(full["accuracy"]):
         full["accuracy"] = None  # JSON has no NaN
@@ -264,11 +270,28 @@ def _not_a_folder(given: Path, card_path: Path) -> None:
                             f"PATH{example} (PATH, PATH.safetensors and PATH.json name the same model)")
 
 
+def _builder_given(cfg, model: str | None, card_path: Path) -> None:
+    """Refuse a card whose network's builder was not given (never imported because the card names it), and one
+    naming another builder than the one given, before any network is built."""
+    recorded = getattr(cfg, "model", "")
+    if model is not None and model != recorded:
+        built = f"by {recorded}" if recorded else "as its recipe's own network"
+        raise ValueError(f"saved model {card_path} was built {built}, not by {model}; "
+                         + (f"give --model with the file or module of {recorded}" if recorded else
+                            "leave out --model"))
+    if recorded:
+        custom.builder(recorded)  # the builder must have been given: its refusal names the flag
+
+
 @escaped_refusals
-def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> TrainedModel:
+def load(path: str | os.PathLike, device: str | torch.device = "cpu", model=None) -> TrainedModel:
     """`speedrun.load(PATH)`: the model saved at PATH (PATH, PATH.safetensors or PATH.json), checked as
-    model_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix."""
+    model_files.py describes; every refusal is one ValueError (FileNotFoundError) naming the file and the fix.
+    model: the builder of a network trained with --model (MODULE:FUNCTION or the function; models/custom.py): a
+    card that names one is loaded only once it is given, and a card naming another is refused."""
     weights, card_path = model_paths(path)
+    if model is not None:
+        model = custom.use_builder(model)
     _not_a_folder(card_path.with_suffix(""), card_path)
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     try:
@@ -280,6 +303,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         except ValueError as e:
             raise files.Unusable(f"not valid JSON ({type(e).__name__}: {clip(str(e), 160)})") from None
         spec = files.parse_card(card)
+        _builder_given(spec.cfg, model, card_path)
         expected = files.expected_state(spec)
     except files.Unusable as e:
         raise ValueError(f"saved model card {card_path} is unusable: {e}; {_FIX}") from None
@@ -297,7 +321,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> Trained
         files.match_state(expected, tensors)
     except files.Unusable as e:
         raise ValueError(f"saved model weights {weights} are unusable: {e}; {_FIX}") from None
-    net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))
+    net = spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes), spec.shape[1])
     net.load_state_dict(tensors)  # names, shapes and dtypes were matched above
     model = TrainedModel(net, card)
     model.source = f"saved model {weights}"
@@ -431,7 +455,7 @@ def inference_bytes_per_image(model: TrainedModel) -> int:
         largest[0] = max(largest[0], n)
 
     spec = files.parse_card(model.card)
-    net = on_meta(lambda: spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes))).eval()
+    net = on_meta(lambda: spec.family.build_model(spec.cfg, spec.shape[0], len(spec.classes), spec.shape[1])).eval()
     handles = [m.register_forward_hook(hook) for m in net.modules() if not list(m.children())]
     try:
         with torch.no_grad():

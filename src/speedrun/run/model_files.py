@@ -158,7 +158,7 @@ def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:
     c, h, w = spec.shape
     try:
         with torch.device("meta"):
-            net = spec.family.build_model(spec.cfg, c, len(spec.classes)).eval()
+            net = spec.family.build_model(spec.cfg, c, len(spec.classes), spec.shape[1]).eval()
             out = tta_logits(net, torch.empty(1, c, h, w), spec.tta_level)
     except Exception as e:  # noqa: BLE001 -- whatever the network raises, the card's shape and config do not fit
         raise Unusable(f"its network cannot take {c}x{h}x{w} images ({type(e).__name__}: {clip(str(e), 160)})")
@@ -245,7 +245,8 @@ def write_files(weights: Path, card_path: Path, tensors: dict[str, torch.Tensor]
         reason = getattr(e, "strerror", None) or clip(str(e), 200)
         raise ValueError(f"could not write the model {shown} ({reason}); {write_fix(e)}") from None
     finally:
-        for p in [*temps, *made]:  # the temp files, and a weights file whose card could not follow it
+        left: list[str | Path] = [*temps, *made]  # the temp files, and a weights file whose card could not follow it
+        for p in left:
             unlink(p)
 
 

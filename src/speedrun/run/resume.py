@@ -17,7 +17,7 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from speedrun import dist
 from speedrun.engine.checkpoint import (AFRESH, CheckpointError, check_compatible, find_checkpoint, list_checkpoints,
@@ -38,7 +38,7 @@ def check_precision(saved: dict, meta: dict, path: Path, afresh: str = AFRESH) -
     (another device, or a version whose auto differs, as for a CPU with native bf16): then the line names the
     --set that continues it as it began. A checkpoint that predates the record ran at what auto meant then: bf16
     on CUDA, fp32 elsewhere (taken to be this run's device type)."""
-    config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+    config = cast(dict, saved.get("config")) if isinstance(saved.get("config"), dict) else {}
     asked = config.get("precision", "auto")
     used = saved.get("precision_used")
     if not isinstance(used, str):
@@ -108,7 +108,8 @@ class Plan:
         --quiet, while a refusal stays its one line."""
         if self.resume is None:
             return None
-        where = self.directory if self.resume == "auto" else user_path(self.resume, "--resume")
+        # auto only with a folder: make refuses it without one
+        where = cast(Path, self.directory) if self.resume == "auto" else user_path(self.resume, "--resume")
         found = dist.main_first(world, lambda: find_checkpoint(where, self.passed_over.append, self.afresh()),
                                 everyone=False)
         chosen = dist.broadcast_object(None if found is None else str(found[2]), world)
@@ -140,6 +141,7 @@ class Plan:
         checkpoint was made by this recipe, config, data and seed."""
         if found is None:
             return 0, None, []
+        assert meta is not None  # the runner builds meta whenever a checkpoint was found
         state, saved, path = found
         afresh = self.afresh()
         check_precision(saved, meta, path, afresh)
@@ -250,9 +252,10 @@ class Plan:
         done = dist.broadcast_object(dist.main_first(world, decide, everyone=False), world)
         return done  # the result file's dict (run/session.Result.from_dict reads it)
 
-    def checkpoints(self, meta: dict, result_path, world: dist.World) -> Checkpoints | None:
+    def checkpoints(self, meta: dict | None, result_path, world: dist.World) -> Checkpoints | None:
         if self.directory is None:
             return None
+        assert meta is not None  # the runner builds meta whenever there is a checkpoint folder
         return Checkpoints(self.directory, self.every_steps, self.keep, world,
                            {**meta, "result_path": None if result_path is None else str(Path(result_path).resolve())})
 
@@ -389,6 +392,8 @@ def _check_writable_dir(directory: Path) -> None:
 class Checkpoints:
     """When to save a run's training state, and the metadata that goes with it. Rank 0 writes; every process
     makes the same decisions (they depend only on the step), so they stay in step."""
+
+    finished: list[dict]  # the finished runs' RunResult.to_dict(), saved with each checkpoint
 
     def __init__(self, directory: Path, every_steps: int | None, keep: int, world: dist.World, meta: dict):
         self.directory, self.every_steps, self.keep, self.world, self.meta = directory, every_steps, keep, world, meta

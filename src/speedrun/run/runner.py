@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from speedrun import dist
 from speedrun.config import apply_overrides, check_int, field_defaults
@@ -28,6 +28,7 @@ from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
 from speedrun.engine.system import resolve_device, setup_system
 from speedrun.errors import SpeedrunWarning, counted, escaped_refusals, warn
+from speedrun.models import custom
 from speedrun.paths import check_file_name, check_writable, user_path
 from speedrun.recipes import RECIPES, Recipe, get_recipe, recipe_lines
 from speedrun.records import cost
@@ -114,6 +115,7 @@ def _naming_settings(used: dict | None, applied: dict[str, str]) -> Iterator[Non
         values = settings_file.named_values(str(e), applied) if used is not None else ""
         if not values:
             raise
+        assert used is not None  # values come only from a settings file
         raise ValueError(f"{e} ({values} from settings file {used['file']} ({used['source']}); edit the file, or "
                          f"{settings_file.leave_out(used['source'])})") from None
 
@@ -221,6 +223,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
         checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
     tuned, settings_used = _tuned(settings, rec, device)
     given = {**(overrides or {}), **config_overrides}
+    if callable(given.get("model")) or given.get("model"):  # train(model=build or "MODULE:FUNCTION"): the user's
+        given["model"] = custom.use_builder(given["model"])  # network (models/custom.py), recorded by its name
     applied = {k: v for k, v in tuned.items() if k not in given}  # --set wins over the file
     with _naming_settings(settings_used, applied):
         cfg = make_config(rec, epochs, {**tuned, **given})
@@ -238,8 +242,8 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
     # its folder: both are checked here (what can be told without making anything) and claimed below.
     early = json_path is not None and json_path != "auto" and resume is None and world.restarts == 0
     try:
-        if early:
-            chosen = dist.main_first(world, lambda: claim_result_path(json_path), everyone=False)
+        if early:  # json_path is given (early says so), which the lambda cannot tell
+            chosen = dist.main_first(world, lambda: claim_result_path(cast("str | Path", json_path)), everyone=False)
             if world.is_main:
                 json_path = claimed = chosen
         elif json_path is not None:
@@ -255,6 +259,7 @@ def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str
             if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
                 database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
             found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
+            done: dict | Result | None  # the finished job's result as its file holds it, then as a Result
             done = plan.finished_job(found, runs, {"recipe": rec.name, "dataset": dataset,
                                                    "config": dataclasses.asdict(cfg), "seed": seed},
                                      family.MAY_DIFFER_ON_RESUME, database, world, field_defaults(cfg))

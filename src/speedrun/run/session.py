@@ -9,6 +9,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -73,7 +74,7 @@ class Result:
 
     @property
     def accuracies(self) -> list[float]:
-        return [r.accuracy for r in self.finished]
+        return cast("list[float]", [r.accuracy for r in self.finished])  # None only for a diverged run
 
     @property
     def mean_accuracy(self) -> float | None:
@@ -101,7 +102,7 @@ class Result:
         finished run. The mean and std shown and stored are the finished runs'."""
         if not self.finished:
             return None
-        acc = summarize([0.0 if r.diverged is not None else r.accuracy for r in self.runs])
+        acc = summarize(cast("list[float]", [0.0 if r.diverged is not None else r.accuracy for r in self.runs]))
         reached, p = reaches_target(acc.mean, acc.std or 0.0, acc.n, self.target_accuracy, self.record_p)
         return {"reached": reached, "p": p, "threshold": self.record_p, "n": acc.n, "diverged": self.diverged_runs,
                 "test": "one-sided t-test of every run's accuracy (a diverged run as 0), H1: mean > target"}
@@ -111,7 +112,8 @@ class Result:
         if self.price is None:
             return None
         devices = self.world.get("processes", 1)
-        timed = summarize([r.train_seconds for r in self.finished]).mean if self.finished else None
+        # train_seconds is None only for a diverged run
+        timed = summarize(cast("list[float]", [r.train_seconds for r in self.finished])).mean if self.finished else None
         return {**self.price.to_dict(), "devices": devices,
                 "timed_usd_per_run": cost.dollars(timed, self.price, devices),
                 "wall_usd": cost.dollars(self.wall_seconds, self.price, devices)}
@@ -123,7 +125,7 @@ class Result:
             return self.recorded_mfu
         if self.flops is None or not self.finished or self.precision is None:
             return None
-        seconds = summarize([r.train_seconds for r in self.finished]).mean
+        seconds = summarize(cast("list[float]", [r.train_seconds for r in self.finished])).mean
         if not seconds or seconds <= 0:
             return None
         try:  # an instrument: a result is written whatever it finds
@@ -176,7 +178,8 @@ class Result:
 
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies, FRACTION).to_dict() if self.finished else None
-        secs = summarize([r.train_seconds for r in self.finished], NON_NEGATIVE).to_dict() if self.finished else None
+        secs = (summarize(cast("list[float]", [r.train_seconds for r in self.finished]), NON_NEGATIVE).to_dict()
+                if self.finished else None)
         return {
             "recipe": self.recipe, "dataset": self.dataset, "device": self.device, "command": self.command,
             "smoke_test": self.smoke_test,
@@ -263,9 +266,10 @@ class Session:
         runs were kept, where, and the checkpoint to continue from)."""
         result = self.result
         result.interrupted = True
-        interrupt.runs_kept = len(result.runs)
-        interrupt.result_path = self.json_path if result.runs else None
-        interrupt.checkpoint_dir = checkpoint_dir
+        marked: Any = interrupt  # the CLI's last line reads these attributes off the exception
+        marked.runs_kept = len(result.runs)
+        marked.result_path = self.json_path if result.runs else None
+        marked.checkpoint_dir = checkpoint_dir
         if not result.runs:
             return
         self.show.line(f"interrupted: keeping the {counted(len(result.runs), 'finished run')}")
@@ -297,4 +301,4 @@ class Session:
         which a full disk may have left behind)."""
         if self.stored_id is not None:
             with contextlib.suppress(AttributeError):  # an exception type without a __dict__
-                exc.stored_as = (str(self.db), self.stored_id)
+                cast(Any, exc).stored_as = (str(self.db), self.stored_id)  # read by the CLI's last line

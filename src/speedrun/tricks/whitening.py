@@ -59,3 +59,17 @@ def patch_whitening_init_(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e
     filters = filters.reshape(c * k * k, c, k, k)  # as (out, C, k, k)
     conv.weight.copy_(torch.cat([filters, -filters]).to(conv.weight.dtype))
     return conv
+
+
+def whitenable_first_conv(model: nn.Module, in_channels: int) -> nn.Conv2d | None:
+    """The first conv of `model` (in module order) where patch_whitening_init_ can initialize it: in_channels ->
+    2*C*k*k, a square k x k kernel, stride 1, no padding or dilation, not grouped; None otherwise (a network
+    whose first layer is a 3x3 conv with padding, a patch embedding with stride, ...)."""
+    first = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if first is None:
+        return None
+    k = first.kernel_size[0]
+    fits = (first.kernel_size == (k, k) and first.in_channels == in_channels and first.groups == 1
+            and first.out_channels == 2 * in_channels * k * k and first.stride == (1, 1)
+            and first.padding in ((0, 0), "valid") and first.dilation == (1, 1))
+    return first if fits else None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+from speedrun.models.custom import check_name
 
 
 def final_evaluation(cfg: CifarConfig) -> str:
@@ -120,6 +121,9 @@ class CifarConfig(SystemConfig):
     # Brightness / contrast jitter of training images (tricks/color_jitter.py); 0 = off
     jitter_brightness: float = 0.0  # largest offset, in [0, 1] pixel units
     jitter_contrast: float = 0.0  # largest relative change of contrast: factor in [1 - c, 1 + c]
+    # The network: "" is the recipe's own (models/cifar_net.py); else the name of the user's builder, set with
+    # --model MODULE:FUNCTION (models/custom.py), never with --set
+    model: str = ""
     # Evaluation
     index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/)
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
@@ -128,6 +132,7 @@ class CifarConfig(SystemConfig):
     def validate(self) -> None:
         """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
         self.validate_system()
+        check_name(self.model)
         for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):

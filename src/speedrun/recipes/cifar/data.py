@@ -18,9 +18,11 @@ from speedrun.data.loader import steps_for
 from speedrun.data.sources import load_dataset
 from speedrun.engine.loop import run_notes
 from speedrun.errors import counted
+from speedrun.models import custom
 from speedrun.models.cifar_net import memory_lower_bound, output_side
 from speedrun.recipes.cifar.config import CifarConfig
 from speedrun.tricks.tta import selected_count
+from speedrun.tricks.whitening import whitenable_first_conv
 
 # --smoke: a check that the whole pipeline runs (loader, whitening, steps, evaluation, result file), in seconds on
 # a 2-core CPU; its accuracy means nothing. At the recipe's batch (1024) one step of the full network takes about
@@ -67,7 +69,7 @@ def smoke(cfg: CifarConfig, data: Dataset) -> tuple[CifarConfig, Dataset]:
 
 def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
     steps = steps_for(cfg.epochs, len(data.train_labels), cfg.batch_size, cfg.drop_last_batch)
-    views = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
+    views: float = {0: 1, 1: 2, 2: 6}[cfg.tta_level]  # forward passes per test image (tricks/tta.py)
     if cfg.tta_level and cfg.tta_select and cfg.tta_select < 1:  # the plain pass, then the rest for the selected
         n = len(data.test_labels)
         views = round(1 + selected_count(n, cfg.tta_select) * (views - 1) / max(n, 1), 2)
@@ -76,9 +78,39 @@ def notes(cfg: CifarConfig, data: Dataset, smoke: bool = False) -> list[str]:
 
 
 def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
-    """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA."""
+    """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA. The
+    user's network (cfg.model) is built and run on two images first (models/custom.py), and a note names the
+    tricks that do nothing for it."""
     dist.check(cfg.batch_size, world, device, cfg.sync_bn)
-    return check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels), data.num_classes, device)
+    notes = []
+    if cfg.model:
+        net = custom.check_network(cfg.model, data.image_shape, data.num_classes)
+        idle = idle_tricks(cfg, net, data.image_shape[0])
+        norms = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
+        momentum = f"its {counted(norms, 'BatchNorm layer')} take bn_momentum={cfg.bn_momentum:g}; " if norms else ""
+        notes.append(f"--model {cfg.model}: {sum(p.numel() for p in net.parameters()):,} parameters; {momentum}off "
+                     f"for this network (they act inside the recipe's own): {', '.join(idle)}")
+    return notes + check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels),
+                              data.num_classes, device)
+
+
+# Settings that act inside the recipe's own network (models/cifar_net.py): with the user's network they do nothing.
+NETWORK_SETTINGS = ("dirac_init", "bn_scale_frozen", "logit_scale", "activation", "index_free_eval_pool")
+
+
+def idle_tricks(cfg: CifarConfig, net: torch.nn.Module | None = None, in_channels: int = 3) -> list[str]:
+    """The TRICKS keys that do nothing for cfg's network: none for the recipe's own; for the user's (cfg.model),
+    those acting inside the recipe's network, and the whitening's two where its first conv cannot be whitened
+    (tricks/whitening.py). `net`: the user's network when built already (else built here, on the CPU)."""
+    if not cfg.model:
+        return []
+    if net is None:
+        with torch.device("cpu"):
+            net = custom.build(cfg.model, in_channels, 10, 32)
+    idle = list(NETWORK_SETTINGS)
+    if whitenable_first_conv(net, in_channels) is None:
+        idle += ["whiten_init", "whiten_bias_epochs"]
+    return idle
 
 
 def data_signature(data: Dataset) -> dict:
@@ -106,7 +138,7 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
     """
     c, h, w = image_shape
     side = min(h, w)
-    if output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
+    if not cfg.model and output_side(side, cfg.widths, cfg.whiten_kernel_px) < 1:
         fits = [n for n in range(1, len(cfg.widths) + 1)
                 if output_side(side, cfg.widths[:n], cfg.whiten_kernel_px) >= 1]
         need = 2 ** len(cfg.widths) + cfg.whiten_kernel_px - 1  # the smallest side these groups leave 1 px of
@@ -120,6 +152,8 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
                             ("cutmix_px", cfg.cutmix_px, side)):
         if px > limit:
             raise ValueError(f"{name}={px} does not fit {h}x{w} images; use at most {limit}")
+    if cfg.model:  # the user's network: its shape was checked on two images (check), its size is its own
+        return _batch_note(cfg, num_train)
     param_bytes, train_bytes, eval_bytes = memory_lower_bound(image_shape, num_classes, cfg.widths,
                                                               cfg.convs_per_group, cfg.whiten_kernel_px,
                                                               cfg.batch_size, min(cfg.eval_batch_size, num_test))
@@ -130,14 +164,16 @@ def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: i
     limits.check_memory(param_bytes + (max(train_bytes, eval_bytes) if on_host else 0),
                         f"this net ({cfg.widths}, batch {cfg.batch_size}, eval batch {cfg.eval_batch_size}, {h}x{w} "
                         "images)", fix)
+    return _batch_note(cfg, num_train)
+
+
+def _batch_note(cfg: CifarConfig, num_train: int) -> list[str]:
     notes = []
     if cfg.batch_size > num_train:
         notes.append(f"batch_size {cfg.batch_size} is larger than the {num_train} training images: every step "
                      f"repeats images, and {counted(math.ceil(cfg.epochs * num_train / cfg.batch_size), 'step')} will "
                      f"not train a network; lower batch_size (--set batch_size=...)")
     return notes
-
-
 
 
 # Every trick of the family as (config key, its "off" value, what it is): the one place `speedrun ablate` reads.

@@ -8,9 +8,10 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from speedrun import dist
 from speedrun.data.dataset import Dataset
@@ -22,9 +23,10 @@ from speedrun.engine.loop import (FiniteLossGuard, LoopState, RunResult, Steps, 
                                   stop_at_step_end, untimed_warmup)
 from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
-from speedrun.models import CifarNet
+from speedrun.models import CifarNet, custom
 from speedrun.recipes.cifar.config import CifarConfig
 # The family's answers to the runner (recipes/__init__.py), kept apart from the loop:
+from speedrun.tricks.bn_momentum import set_bn_momentum_
 from speedrun.tricks.color_jitter import JitterTable
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.label_smoothing import cross_entropy
@@ -33,17 +35,38 @@ from speedrun.tricks.muon import Muon
 from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 from speedrun.tricks.tta import selected_count
-from speedrun.tricks.whitening import patch_whitening_init_
+from speedrun.tricks.whitening import patch_whitening_init_, whitenable_first_conv
 
 
-def build_model(cfg: CifarConfig, in_channels: int, num_classes: int) -> CifarNet:
+def build_model(cfg: CifarConfig, in_channels: int, num_classes: int, image_px: int | None = None) -> nn.Module:
+    """The recipe's network, or the user's (cfg.model: models/custom.py), which needs the images' side."""
+    if cfg.model:
+        if image_px is None:
+            raise ValueError(f"--model {cfg.model}: the network's builder needs the images' size")
+        net = custom.build(cfg.model, in_channels, num_classes, image_px)
+        set_bn_momentum_(net, cfg.bn_momentum)  # the recipe's short runs need statistics of the last steps
+        return net
     return CifarNet(in_channels, num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px, cfg.bn_momentum,
                     cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation,
                     cfg.index_free_eval_pool)
 
+
+def whitening_conv(cfg: CifarConfig, model: nn.Module, in_channels: int) -> nn.Conv2d | None:
+    """The conv patch whitening initializes: the recipe's `whiten`, or the user's network's first conv where it has
+    the whitening's shape (tricks/whitening.py); None where it has not: whiten_init and whiten_bias_epochs then do
+    nothing (data.idle_tricks says so)."""
+    return whitenable_first_conv(model, in_channels) if cfg.model else cast(CifarNet, model).whiten
+
+
 def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
     """What one run computes (engine/flops.py): every step's batch forward and backward, the final evaluation."""
-    model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes))
+    try:
+        model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes,
+                                                      data.image_shape[1]))
+    except Exception as e:  # the user's code may not build on the meta device: the run goes on without a count
+        if not cfg.model:
+            raise
+        raise ValueError(f"--model {cfg.model} does not build on the meta device ({type(e).__name__})") from None
     run = run_flops.in_memory_run(model, data.image_shape, cfg.batch_size,
                                   steps_for(cfg.epochs, data.num_train, cfg.batch_size, cfg.drop_last_batch),
                                   len(data.test_labels),
@@ -59,21 +82,34 @@ def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
                                        f"{selected_count(n, cfg.tta_select):,} of the {n:,} test images (tta_select)")
 
 
-def build_optimizers(cfg: CifarConfig, model: CifarNet) -> list[torch.optim.Optimizer]:
+def _parameter_groups(cfg: CifarConfig, model: nn.Module, whiten: nn.Conv2d | None) -> tuple[list, list, list, list]:
+    """(whitening bias, norms, filters, head): the recipe's network by its parts' names; the user's by shape (the
+    bias lr multiplier's parameters are those of fewer than 2 dimensions, biases and norms, as BatchNorm's in the
+    recipe's; Muon takes the conv filters, 4-dimensional; the rest, linear layers and embeddings, the head's lr)."""
+    if not cfg.model:  # the recipe's own network: build_model made a CifarNet
+        net = cast(CifarNet, model)
+        return ([net.whiten.bias], [p for n, p in model.named_parameters() if "norms" in n and p.requires_grad],
+                [p for n, p in model.named_parameters() if "convs" in n], [net.head.weight])
+    first = [] if whiten is None or whiten.bias is None else [whiten.bias]
+    taken = {id(p) for p in first}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
+    return (first, [p for p in rest if p.dim() < 2], [p for p in rest if p.dim() == 4],
+            [p for p in rest if p.dim() in (2, 3) or p.dim() > 4])
+
+
+def build_optimizers(cfg: CifarConfig, model: nn.Module, in_channels: int = 3) -> list[torch.optim.Optimizer]:
     """Parameter groups as airbench. SGD (airbench94): BN parameters get the bias lr multiplier; the whitening
     bias, conv filters and head the base lr. Muon (airbench94_muon): Muon on the conv filters; SGD with one lr
-    for the whitening and BN biases and another for the head."""
-    norms = [p for n, p in model.named_parameters() if "norms" in n and p.requires_grad]
-    filters = [p for n, p in model.named_parameters() if "convs" in n]
-    head = [model.head.weight]
+    for the whitening and BN biases and another for the head. The user's network: by shape (_parameter_groups)."""
+    whiten_bias, norms, filters, head = _parameter_groups(cfg, model, whitening_conv(cfg, model, in_channels))
     if cfg.optimizer == "sgd":
         return [decoupled_sgd([{"params": norms, "lr_mult": cfg.bias_lr_mult},
-                               {"params": [model.whiten.bias] + filters + head, "lr_mult": 1.0}],
+                               {"params": whiten_bias + filters + head, "lr_mult": 1.0}],
                               lr_per_1024=cfg.lr_per_1024, weight_decay_per_1024=cfg.weight_decay_per_1024,
                               momentum=cfg.momentum, batch_size=cfg.batch_size,
                               kernel=optimizer_kernel_kwargs(cfg.optimizer_kernel))]
     wd = cfg.muon_weight_decay_per_example * cfg.batch_size
-    biases = [model.whiten.bias] + norms
+    biases = whiten_bias + norms
     sgd = torch.optim.SGD([{"params": biases, "lr": cfg.muon_bias_lr, "weight_decay": wd / cfg.muon_bias_lr},
                            {"params": head, "lr": cfg.muon_head_lr, "weight_decay": wd / cfg.muon_head_lr}],
                           momentum=cfg.momentum, nesterov=True, **optimizer_kernel_kwargs(cfg.optimizer_kernel))
@@ -112,7 +148,7 @@ class TrainState(LoopState):
     """Everything a resumed run restores: the bare model (no DDP, no compile wrapper), its optimizers, Lookahead's
     slow weights, the whitening bias's frozen flag, and the loop's bookkeeping (engine.loop.LoopState)."""
 
-    model: CifarNet
+    model: nn.Module  # models.CifarNet, or the user's (models/custom.py)
     optimizers: list[torch.optim.Optimizer]
     lookahead: Lookahead | None = None
     whiten_bias_frozen: bool = False  # the whitening bias stopped learning (cfg.whiten_bias_epochs)
@@ -134,7 +170,8 @@ class TrainState(LoopState):
                 slow = state["lookahead"]
                 if [t.shape for t in slow] != [t.shape for t in self.lookahead.slow]:
                     raise ValueError("Lookahead's averages do not match the network")
-                torch._foreach_copy_(self.lookahead.slow, [t.to(self.model.whiten.weight.device) for t in slow])
+                device = next(self.model.parameters()).device
+                torch._foreach_copy_(self.lookahead.slow, [t.to(device) for t in slow])
             if type(state["whiten_bias_frozen"]) is not bool:
                 raise ValueError("the whitening bias's frozen flag is not true or false")
             self.whiten_bias_frozen = state["whiten_bias_frozen"]
@@ -172,8 +209,12 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
                           drop_last=cfg.drop_last_batch)
     mean, std = loader.mean, loader.std  # (C,) on the device, once
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
-    model, forward = system.prepare(build_model(cfg, in_channels, data.num_classes), cfg)
-    state = TrainState(model, build_optimizers(cfg, model))
+    net = build_model(cfg, in_channels, data.num_classes, data.image_shape[1])
+    whiten = whitening_conv(cfg, net, in_channels)
+    if whiten is not None and cfg.whiten_init:  # frozen as the recipe's own (models/cifar_net.py): its bias learns
+        whiten.weight.requires_grad_(False)
+    model, forward = system.prepare(net, cfg)
+    state = TrainState(model, build_optimizers(cfg, model, in_channels))
     total_steps = loader.steps
     # The lr the divergence message names: the setting a user would lower.
     lr_name, base_lr = ("lr_per_1024", cfg.lr_per_1024) if cfg.optimizer == "sgd" else ("muon_lr", cfg.muon_lr)
@@ -187,11 +228,11 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
     timer = Timer(device)
     if resume is None:
         timer.start()  # ---- timed region: whitening init ... TTA evaluation ----
-        if cfg.whiten_init:
+        if cfg.whiten_init and whiten is not None:
             # A random sample, not the first images: image folders list their files class by class.
             pick = torch.randperm(loader.num_examples, generator=torch.Generator().manual_seed(seed))
             sample = loader.images[pick[:cfg.whiten_images].to(device)]
-            patch_whitening_init_(model.whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps,
+            patch_whitening_init_(whiten, normalize(sample, mean, std, torch.float32), cfg.whiten_eps,
                                   cfg.whiten_method)
         state.lookahead = Lookahead(model) if cfg.lookahead else None  # slow weights start from the initialized net
     else:
@@ -199,7 +240,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         state.load_state_dict(resume, total_steps)
         timer.seconds = state.seconds
         timer.start()
-    model.whiten.bias.requires_grad_(not state.whiten_bias_frozen)
+    whiten_bias = None if whiten is None else whiten.bias  # the user's first conv may have none
+    if whiten_bias is not None:
+        whiten_bias.requires_grad_(not state.whiten_bias_frozen)
     train_forward = dist.wrap(forward, world, device, cfg.sync_bn)  # DDP for K processes; `forward` itself for one
 
     jitter = None
@@ -216,8 +259,9 @@ def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, 
         for inputs, targets in phased(loader.batches(state.step)):
             if not state.whiten_bias_frozen and loader.epoch_at(state.step) >= cfg.whiten_bias_epochs:
                 state.whiten_bias_frozen = True
-                model.whiten.bias.requires_grad_(False)
-                train_forward = dist.rewrap(train_forward, world, device)  # DDP's reducer: one parameter fewer
+                if whiten_bias is not None:
+                    whiten_bias.requires_grad_(False)
+                    train_forward = dist.rewrap(train_forward, world, device)  # DDP's reducer: one parameter fewer
             mult = triangle(state.step, total_steps, cfg.lr_start_mult, cfg.lr_peak_frac, cfg.lr_end_mult)
             for opt in state.optimizers:
                 for group in opt.param_groups:

@@ -7,12 +7,13 @@ model.py the network, loop.py trains one run."""
 from speedrun.recipes.cifar_resnet.config import (MAY_DIFFER_ON_RESUME, ResnetConfig, cifar10_resnet18,
                                                   final_evaluation, timed_region)
 from speedrun.recipes.cifar_resnet.data import (TRICKS, check, check_data, data_signature, describe, epochs_for_steps,
-                                                load_data, model_card, notes, run_steps, smoke, with_epochs)
+                                                idle_tricks, load_data, model_card, notes, run_steps, smoke,
+                                                with_epochs)
 from speedrun.recipes.cifar_resnet.loop import (TrainState, build_model, build_optimizers, flops, train_run, train_step,
                                                 warmup)
 from speedrun.recipes.cifar_resnet.model import CifarResNet, parameter_count, whiten_stem_
 
 __all__ = ["MAY_DIFFER_ON_RESUME", "ResnetConfig", "cifar10_resnet18", "final_evaluation", "timed_region", "TRICKS",
-           "check", "check_data", "data_signature", "describe", "load_data", "model_card", "notes", "smoke",
-           "with_epochs", "run_steps", "epochs_for_steps", "TrainState", "build_model", "build_optimizers", "flops",
-           "train_run", "train_step", "warmup", "CifarResNet", "parameter_count", "whiten_stem_"]
+           "idle_tricks", "check", "check_data", "data_signature", "describe", "load_data", "model_card", "notes",
+           "smoke", "with_epochs", "run_steps", "epochs_for_steps", "TrainState", "build_model", "build_optimizers",
+           "flops", "train_run", "train_step", "warmup", "CifarResNet", "parameter_count", "whiten_stem_"]

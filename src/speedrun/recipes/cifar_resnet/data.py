@@ -125,6 +125,11 @@ def model_card(cfg: ResnetConfig, data: Dataset) -> dict:
             "std": std.tolist(), "tta_level": cfg.tta_level}
 
 
+def idle_tricks(cfg) -> list[str]:
+    """None: this family trains its own network only (--model is the cifar family's)."""
+    return []
+
+
 # Every trick of the family as (config key, its "off" value, what it is): the one place `speedrun ablate` reads.
 # Each off value is what kuangliu/pytorch-cifar's published run does instead (or, for the device-side settings,
 # the plain fp32 / contiguous / eager way every family shares).

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -39,7 +39,7 @@ from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 
 
-def build_model(cfg: ResnetConfig, in_channels: int, num_classes: int) -> CifarResNet:
+def build_model(cfg: ResnetConfig, in_channels: int, num_classes: int, image_px: int | None = None) -> CifarResNet:
     return CifarResNet(in_channels, num_classes, cfg.widths)
 
 def flops(cfg: ResnetConfig, data: Dataset) -> RunFlops:
@@ -152,7 +152,9 @@ def train_run(cfg: ResnetConfig, data: Dataset, device: torch.device, seed: int,
                           drop_last=cfg.drop_last_batch)
     mean, std = loader.mean, loader.std  # (C,) on the device, once
     test_images, test_labels = data.test_images.to(device), data.test_labels.to(device)
-    model, forward = system.prepare(build_model(cfg, in_channels, data.num_classes), cfg)
+    # prepare returns the module it is given, converted in place: still a CifarResNet
+    model, forward = cast("tuple[CifarResNet, torch.nn.Module]",
+                          system.prepare(build_model(cfg, in_channels, data.num_classes), cfg))
     state = TrainState(model, build_optimizers(cfg, model))
     total_steps = loader.steps
 

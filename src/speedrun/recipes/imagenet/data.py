@@ -133,10 +133,10 @@ def _check_every_class_trains(root: Path, labels: np.ndarray, classes: tuple[str
         command, recorded = prepare_command(root)
         where = (f"{recorded}/train/" if recorded and Path(recorded, "train").is_dir() else recorded or
                  "SRC/train/ (SRC: the image folder they were prepared from)")  # SRC/<class>/ is a train split too
-        classes, have, folders, them, those = (
+        noun, have, folders, them, those = (
             ("class", "has", "its train/ folder is", "it", "that class folder") if len(absent) == 1 else
             ("classes", "have", "their train/ folders are", "them", "those class folders"))
-        raise ValueError(f"{root}: {classes} {names} of classes.json {have} no training images ({folders} empty), and "
+        raise ValueError(f"{root}: {noun} {names} of classes.json {have} no training images ({folders} empty), and "
                          f"a class never trained on is never predicted; add images to {them}, or remove {those} from "
                          f"{where}, then run `{command}` again")
 
@@ -299,6 +299,11 @@ def warmup(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: di
     """No warm-up run: an ImageNet run is long enough that compile and autotuning are a small part of it, and they
     happen inside it (reported in the timed region)."""
     return 0.0
+
+
+def idle_tricks(cfg) -> list[str]:
+    """None: this family trains its own network only (--model is the cifar family's)."""
+    return []
 
 
 # Every trick of the family as (config key, its "off" value, what it is): what `speedrun ablate` switches.

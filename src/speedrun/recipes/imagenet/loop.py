@@ -33,7 +33,8 @@ from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.schedule import triangle
 
 
-def build_model(cfg: ImagenetConfig, in_channels: int, num_classes: int) -> torch.nn.Module:
+def build_model(cfg: ImagenetConfig, in_channels: int, num_classes: int,
+                image_px: int | None = None) -> torch.nn.Module:
     return resnet(cfg.depth, num_classes, width=cfg.width, zero_init_residual=cfg.zero_init_residual,
                   blurpool=cfg.blurpool, in_channels=in_channels)
 

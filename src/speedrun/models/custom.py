@@ -1,0 +1,179 @@
+"""The user's own network: `--model MODULE:FUNCTION` on the command line, `speedrun.train(model=build)` in Python.
+
+FUNCTION builds an nn.Module from (in_channels, num_classes, image_px), called positionally: a network that takes
+(N, in_channels, image_px, image_px) images and gives (N, num_classes) logits. MODULE is a Python file
+(`examples/mobile_net.py`) or an importable module (`mynets.small`), imported the way `python FILE` and torchrun
+import a script (the file's folder first on sys.path) or `python -m` imports a module (the working folder on
+sys.path). It is the user's own code, named by the user: importing it runs it, as running the script would.
+
+A builder is known by its name, `<module>:<qualname>` with a file's module named by its stem
+(`examples/mobile_net.py:build` is `mobile_net:build`), whatever path reached it: that name is what a config, a
+result, a checkpoint and a saved model record. Only `use_builder` (from the user's flag or argument) imports or
+registers one; a name read from a file is looked up among those and never imported (`builder`'s refusal says
+which flag to give), so no code is run because a file names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# name -> builder, for this process; filled only by use_builder / register (the user's explicit choice)
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+_NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*(<locals>[\w.]*)?")
+_FIX = ("give --model MODULE:FUNCTION: a Python file or an importable module, and the function in it that "
+        "builds the network from (in_channels, num_classes, image_px)")
+PROBE_BATCH = 2  # images the shape check runs (BatchNorm in training refuses one per channel)
+
+
+def check_name(name: str) -> None:
+    """Refuse (ValueError) a recorded builder name that is not `module:function` (a config's `model` field)."""
+    if not isinstance(name, str) or (name and not _NAME.fullmatch(name)):
+        raise ValueError(f"model={name!r} is not a builder's name (module:function); set it with --model "
+                         "MODULE:FUNCTION, not --set")
+
+
+def name_of(fn: Callable[..., nn.Module]) -> str:
+    """`<module>:<qualname>`: the name a builder is recorded by (see the module)."""
+    module = getattr(fn, "__module__", None) or "__main__"
+    return f"{module}:{getattr(fn, '__qualname__', None) or getattr(fn, '__name__', 'builder')}"
+
+
+def register(fn: Callable[..., nn.Module]) -> str:
+    """A builder the user handed over in Python (`speedrun.train(model=build)`), known from now on by its name."""
+    if not callable(fn):
+        raise ValueError(f"model must be a function that builds an nn.Module (or 'MODULE:FUNCTION'), got "
+                         f"{type(fn).__name__}")
+    name = name_of(fn)
+    check_name(name)
+    _BUILDERS[name] = fn
+    return name
+
+
+def use_builder(spec: str | Callable[..., nn.Module]) -> str:
+    """The user's `--model MODULE:FUNCTION` (or a function) imported, checked to be a function and registered;
+    its name. One-line ValueError for a spec that is malformed, a module that cannot be imported or raises while
+    importing, and a FUNCTION that is missing or not callable."""
+    if callable(spec):
+        return register(spec)
+    if isinstance(spec, str) and spec in _BUILDERS:  # given before in this process (a name recorded from it)
+        return spec
+    if not isinstance(spec, str) or spec.count(":") < 1 or not spec.rpartition(":")[2] or not spec.rpartition(":")[0]:
+        raise ValueError(f"--model {spec!r} is not MODULE:FUNCTION; {_FIX}")
+    where, _, attr = spec.rpartition(":")
+    module = _import(where, spec)
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ValueError(f"--model {spec}: {where} has no {attr!r}; {_FIX}")
+        fn = getattr(fn, part)
+    if isinstance(fn, type) and issubclass(fn, nn.Module) or not callable(fn):
+        what = "an nn.Module class" if isinstance(fn, type) else type(fn).__name__
+        raise ValueError(f"--model {spec}: {attr} is {what}, not a function; {_FIX} (a class works through a "
+                         "function that returns an instance)")
+    name = f"{module.__name__}:{attr}"
+    check_name(name)
+    _BUILDERS[name] = fn
+    return name
+
+
+def _import(where: str, spec: str):
+    """The module `where` names: a .py file (or a path with a separator), else a module name."""
+    is_file = where.endswith(".py") or os.sep in where or "/" in where
+    try:
+        if is_file:
+            path = Path(where).expanduser()
+            if not path.is_file():
+                raise ValueError(f"--model {spec}: {where} is not a file; {_FIX}")
+            name = path.stem
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None or not name.isidentifier():
+                raise ValueError(f"--model {spec}: {where} is not a Python file whose name is a module name; {_FIX}")
+            module = importlib.util.module_from_spec(loader_spec)
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # as `python FILE` does: its sibling modules import
+            sys.modules[name] = module  # pickling and torch.compile find its classes by module name
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+            return module
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())  # as `python -m` does; the console script does not
+        return importlib.import_module(where)
+    except ValueError as e:
+        if str(e).startswith("--model "):
+            raise
+        raise ValueError(f"--model {spec}: importing {where} raised {_one_line(e)}; fix it there") from None
+    except ModuleNotFoundError as e:
+        raise ValueError(f"--model {spec}: cannot import {where} ({_one_line(e)}); {_FIX}") from None
+    except (Exception, SystemExit) as e:  # the user's module failed as it ran: its own error, on one line
+        raise ValueError(f"--model {spec}: importing {where} raised {_one_line(e)}; fix it there") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text if len(text) <= 200 else text[:196] + " ..."
+
+
+def builder(name: str) -> Callable[..., nn.Module]:
+    """The builder recorded as `name`, which this process must have been given (use_builder, register): a name
+    read from a file (a saved model, a checkpoint) is never imported (see the module)."""
+    check_name(name)
+    if name not in _BUILDERS:
+        raise ValueError(f"this network was built by {name}, which speedrun does not import by itself (no code "
+                         f"runs because a file names it); give --model with the file or module of {name} (or "
+                         "model= in Python)")
+    return _BUILDERS[name]
+
+
+def build(name: str, in_channels: int, num_classes: int, image_px: int) -> nn.Module:
+    """The user's network, untrained: builder(name)(in_channels, num_classes, image_px), checked to be an
+    nn.Module; one-line ValueError otherwise, and for an error the builder raises."""
+    fn = builder(name)
+    try:
+        net = fn(in_channels, num_classes, image_px)
+    except Exception as e:
+        raise ValueError(f"--model {name}: building the network for ({in_channels}, {num_classes}, {image_px}) "
+                         f"raised {_one_line(e)}; the builder is called as FUNCTION(in_channels, num_classes, "
+                         "image_px)") from None
+    if not isinstance(net, nn.Module):
+        raise ValueError(f"--model {name} returned {type(net).__name__}, not a torch.nn.Module; the builder must "
+                         "return the network")
+    return net
+
+
+def check_network(name: str, image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """Build the network on the CPU and run PROBE_BATCH zero images through it (training mode, no gradient): its
+    output must be logits (PROBE_BATCH, num_classes). Refuses in one line before any training: non-square images,
+    a builder that fails or returns something else, a forward that raises or gives another shape. The network."""
+    c, h, w = image_shape
+    if h != w:
+        raise ValueError(f"--model takes square images (the builder gets one image_px), and these are {h}x{w}; "
+                         "give --image-size PX")
+    with torch.device("cpu"):
+        net = build(name, c, num_classes, h)
+    try:
+        with torch.no_grad():
+            out = net(torch.zeros(PROBE_BATCH, c, h, w))
+    except Exception as e:
+        raise ValueError(f"--model {name}: its network's forward on a batch of {PROBE_BATCH} {c}x{h}x{w} images "
+                         f"raised {_one_line(e)}") from None
+    want = [PROBE_BATCH, num_classes]
+    if not isinstance(out, torch.Tensor) or list(out.shape) != want:
+        got = f"shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise ValueError(f"--model {name}: its network gives {got} for a batch of {PROBE_BATCH} {c}x{h}x{w} "
+                         f"images; it must give logits (batch, num_classes) = {want}")
+    if not out.is_floating_point():
+        raise ValueError(f"--model {name}: its network gives {out.dtype} output; logits must be floating point")
+    return net

@@ -1,0 +1,251 @@
+"""`--model MODULE:FUNCTION`: the user's own network through the airbench-class recipes (models/custom.py), the
+example network ablated through it, each refusal one line before any work, and a saved model whose card names a
+builder that is never imported because of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+from torch import nn
+
+import speedrun
+from speedrun.models import custom
+from speedrun.recipes import cifar
+from speedrun.recipes.cifar import data as cifar_data
+from speedrun.recipes.cifar import loop as cifar_loop
+from speedrun.tricks.bn_momentum import set_bn_momentum_
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "mobile_net.py") + ":build"
+TINY = ["--dataset", "synthetic:train=128,test=32,shape=3x16x16", "--device", "cpu", "--epochs", "0.5",
+        "--set", "batch_size=32", "--set", "whiten_images=32"]
+
+pytestmark = pytest.mark.usefixtures("in_tmp")
+
+
+def _module(tmp_path: Path, name: str, body: str) -> str:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    return str(tmp_path / f"{name}.py")
+
+
+TINY_NET = """
+    from torch import nn
+
+    def build(in_channels, num_classes, image_px):
+        return nn.Sequential(nn.Conv2d(in_channels, 2 * in_channels * 4, 2), nn.GELU(), nn.Conv2d(24, 16, 3),
+                             nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(16, num_classes))
+"""
+
+
+@pytest.fixture
+def tiny_net(tmp_path) -> str:
+    return _module(tmp_path, "tiny_net", TINY_NET) + ":build"
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Every run and warm-up of the cifar family replaced by a recorder: a refusal must come before any."""
+    started = []
+    monkeypatch.setattr(cifar, "train_run", lambda *a, **k: started.append(a) or pytest.fail("a run started"))
+    monkeypatch.setattr(cifar, "warmup", lambda *a, **k: started.append(a) or 0.0)
+    return started
+
+
+def test_train_records_the_builder_by_name_and_notes_what_is_off(tiny_net, capsys, tmp_path):
+    code, out, err = run_cli(["train", "--model", tiny_net, *TINY, "--json", "r.json"], capsys)
+    assert code == 0, err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["config"]["model"] == "tiny_net:build"  # the name, not the path it was reached by
+    note = next(line for line in err.splitlines() if "--model tiny_net:build" in line)
+    assert "off for this network" in note and "dirac_init" in note and "whiten_init" not in note, note
+
+
+def test_the_example_is_ablated_through_model(capsys, tmp_path):
+    """The issue's question, for the user's network: which tricks transfer? Each trick that applies is measured;
+    those acting inside the recipe's network are listed as not in it."""
+    code, out, err = run_cli(["ablate", "cifar10-94", "--model", EXAMPLE, *TINY, "--runs", "1", "--json", "a.json"],
+                             capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "a.json").read_text())
+    rows = {r["trick"]: r for r in report["tricks"]}
+    for key in cifar_data.NETWORK_SETTINGS:
+        assert rows[key]["idle"] and not rows[key]["measured"], rows[key]
+    for key in ("whiten_init", "label_smoothing", "lookahead", "tta_level", "flip"):  # any network's tricks
+        assert rows[key]["measured"] and not rows[key].get("idle"), rows[key]
+    assert "not in this network" in out
+
+
+def test_whitening_and_the_optimizers_follow_the_users_network(tiny_net):
+    name = custom.use_builder(tiny_net)
+    net = custom.build(name, 3, 10, 16)
+    cfg = dataclasses.replace(cifar.cifar10_94(), model=name)
+    assert cifar_loop.whitening_conv(cfg, net, 3) is net[0]
+    norms, rest = ({id(p) for p in g["params"]} for g in cifar_loop.build_optimizers(cfg, net)[0].param_groups)
+    assert id(net[0].bias) in rest  # the whitening bias takes the base lr, as the recipe's own
+    assert id(net[3].weight) in norms and id(net[7].bias) in norms and id(net[2].bias) in norms  # < 2 dimensions
+    assert id(net[2].weight) in rest and id(net[7].weight) in rest
+    padded = nn.Sequential(nn.Conv2d(3, 24, 2, padding=1), nn.Flatten(), nn.LazyLinear(10))
+    assert cifar_loop.whitening_conv(cfg, padded, 3) is None  # not the whitening's shape: whiten_init does nothing
+    own = cifar.cifar10_94()
+    assert cifar_loop.whitening_conv(own, cifar.build_model(own, 3, 10), 3) is not None
+
+
+def test_the_python_api_takes_the_function(tmp_path):
+    def build(in_channels, num_classes, image_px):
+        return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_px * image_px, num_classes))
+
+    result = speedrun.train("cifar10-94", "synthetic:train=64,test=16,shape=3x16x16", device="cpu", epochs=0.5,
+                            batch_size=32, whiten_images=32, model=build)
+    assert result.config["model"].endswith("<locals>.build")
+    assert isinstance(result.model[0], nn.Flatten)
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("nothing_here.py:build", "is not a file"),
+    ("no_such_module_xyz:build", "cannot import no_such_module_xyz (ModuleNotFoundError"),
+    ("no_colon", "is not MODULE:FUNCTION"),
+    ("{tmp}/broken.py:build", "importing {tmp}/broken.py raised SyntaxError"),
+    ("{tmp}/raising.py:build", "raised RuntimeError: import-time failure"),
+    ("{tmp}/exits.py:build", "raised SystemExit"),
+    ("{tmp}/shapes.py:missing", "has no 'missing'"),
+    ("{tmp}/shapes.py:NUMBER", "NUMBER is int, not a function"),
+    ("{tmp}/shapes.py:Net", "an nn.Module class, not a function"),
+    ("{tmp}/shapes.py:not_a_module", "returned dict, not a torch.nn.Module"),
+    ("{tmp}/shapes.py:wrong_shape", "gives shape [2, 7] for a batch of 2 3x16x16 images; it must give logits"),
+    ("{tmp}/shapes.py:flat_output", "gives shape [2]"),
+    ("{tmp}/shapes.py:raises_in_forward", "forward on a batch of 2 3x16x16 images raised RuntimeError"),
+    ("{tmp}/shapes.py:raises_when_built", "building the network for (3, 10, 16) raised TypeError"),
+])
+def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp_path, no_run):
+    _module(tmp_path, "broken", "def build(:\n")
+    _module(tmp_path, "raising", "raise RuntimeError('import-time failure')\n")
+    _module(tmp_path, "exits", "import sys\nsys.exit(3)\n")
+    _module(tmp_path, "shapes", """
+        import torch
+        from torch import nn
+        NUMBER = 3
+
+        class Net(nn.Module):
+            pass
+
+        def not_a_module(c, k, px):
+            return {}
+
+        def wrong_shape(c, k, px):
+            return nn.Sequential(nn.Flatten(), nn.LazyLinear(7))
+
+        def flat_output(c, k, px):
+            return nn.Sequential(nn.Flatten(), nn.LazyLinear(1), nn.Flatten(0))
+
+        class Raising(nn.Module):
+            def forward(self, x):
+                raise RuntimeError("no forward")
+
+        def raises_in_forward(c, k, px):
+            return Raising()
+
+        def raises_when_built(c, k):
+            return nn.Identity()
+    """)
+    spec, fragment = spec.format(tmp=tmp_path), fragment.format(tmp=tmp_path)
+    code, out, err = run_cli(["train", "--model", spec, *TINY, "--json", "r.json"], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("speedrun: error: ") and "Traceback" not in err, err
+    assert fragment in err, err
+    assert not no_run and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--set", "model=tiny_net:build"], "model is set with --model MODULE:FUNCTION"),
+    (["train", "cifar10-resnet18", "--model", "{net}"], "cifar10-resnet18 trains its own network only"),
+    (["bench", "--vary", "lookahead=false", "--model", "{tmp}/nothing.py:build"], "is not a file"),
+    (["tune", "--model", "{tmp}/nothing.py:build"], "is not a file"),
+    (["profile", "--model", "{tmp}/nothing.py:build"], "is not a file"),
+    (["sweep", "--space", "label_smoothing=0,0.1", "--model", "{tmp}/nothing.py:build"], "is not a file"),
+    (["ablate", "--model", "{tmp}/nothing.py:build"], "is not a file"),
+])
+def test_every_command_that_trains_takes_model_and_refuses_alike(argv, fragment, tiny_net, capsys, tmp_path,
+                                                                  no_run):
+    argv = [a.format(net=tiny_net, tmp=tmp_path) for a in argv]
+    extra = TINY if argv[0] not in ("train", "profile") or argv[1] != "cifar10-resnet18" else TINY[:4]
+    if argv[0] == "profile":
+        extra = TINY[:4]
+    code, out, err = run_cli([*argv, *extra], capsys)
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not no_run
+
+
+def test_a_saved_model_names_its_builder_and_never_imports_it(tmp_path, capsys, monkeypatch):
+    """A card is a file from elsewhere: the builder it names is looked up among those the user gave, never
+    imported because the card says so; a card naming another one is refused."""
+    net = _module(tmp_path, "tiny_net", TINY_NET) + ":build"
+    code, _, err = run_cli(["train", "--model", net, *TINY, "--save", "m"], capsys)
+    assert code == 0, err
+    card = json.loads((tmp_path / "m.json").read_text())
+    assert card["config"]["model"] == "tiny_net:build"
+    # A module the card could name, which would leave a mark if it ran.
+    _module(tmp_path, "marker", "open('RAN', 'w').close()\ndef build(c, k, px):\n    raise SystemExit\n")
+    card["config"]["model"] = "marker:build"
+    (tmp_path / "evil.json").write_text(json.dumps(card))
+    (tmp_path / "evil.safetensors").write_bytes((tmp_path / "m.safetensors").read_bytes())
+    monkeypatch.setattr(custom, "_BUILDERS", {})  # a new process: nothing given yet
+    data = "synthetic:train=128,test=32,shape=3x16x16"
+    for model, extra, fragment in [("m", [], "built by tiny_net:build, which speedrun does not import by itself"),
+                                   ("evil", [], "built by marker:build, which speedrun does not import"),
+                                   ("evil", ["--model", net], "built by marker:build, which speedrun does not"),
+                                   ("m", ["--model", f"{tmp_path}/marker.py:build"],  # imported: the user named it
+                                    "built by tiny_net:build, which speedrun does not")]:
+        (tmp_path / "RAN").unlink(missing_ok=True)
+        monkeypatch.setattr(custom, "_BUILDERS", {})
+        code, _, err = run_cli(["eval", model, "--dataset", data, "--device", "cpu", *extra], capsys)
+        assert code == 2 and err.count("\n") == 1 and fragment in err, (model, extra, err)
+        assert not (tmp_path / "RAN").exists() or "marker.py" in " ".join(extra)
+    monkeypatch.setattr(custom, "_BUILDERS", {})
+    code, out, err = run_cli(["eval", "m", "--dataset", data, "--device", "cpu", "--model", net], capsys)
+    assert code == 0, err
+    with pytest.raises(ValueError, match="which speedrun does not import by itself"):
+        monkeypatch.setattr(custom, "_BUILDERS", {})
+        speedrun.load(tmp_path / "m")
+    assert isinstance(speedrun.load(tmp_path / "m", model=net).net, nn.Module)
+    with pytest.raises(ValueError, match="was built by marker:build, not by tiny_net:build"):
+        speedrun.load(tmp_path / "evil", model=net)  # in Python the builder given is compared with the card's
+
+
+def test_off_is_the_recipes_own_network_unchanged():
+    """No --model: the recipe's network, its parameter groups by name, exactly as before the option existed."""
+    cfg = cifar.cifar10_94()
+    assert cfg.model == ""
+    net = cifar.build_model(cfg, 3, 10)
+    assert isinstance(net, cifar.build_model.__globals__["CifarNet"])
+    sgd = cifar_loop.build_optimizers(cfg, net)[0]
+    names = {id(p): n for n, p in net.named_parameters()}
+    assert [[names[id(p)] for p in g["params"]] for g in sgd.param_groups] == [
+        [n for n, p in net.named_parameters() if "norms" in n and p.requires_grad],
+        ["whiten.bias"] + [n for n, _ in net.named_parameters() if "convs" in n] + ["head.weight"]]
+    assert cifar.idle_tricks(cfg) == []
+    with torch.no_grad():
+        assert cifar.build_model(cfg, 3, 10, 32).state_dict().keys() == net.state_dict().keys()
+
+
+def test_a_checkpoint_of_the_users_network_resumes_only_with_it(tiny_net, capsys):
+    code, _, err = run_cli(["train", "--model", tiny_net, *TINY, "--checkpoint-dir", "ck"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["train", *TINY, "--checkpoint-dir", "ck", "--resume", "auto"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "model='tiny_net:build'; this run has model='': resume with --model giving 'tiny_net:build'" in err, err
+
+
+def test_the_users_batchnorm_takes_the_recipes_momentum_and_pytorchs_default_changes_nothing(tiny_net):
+    name = custom.use_builder(tiny_net)
+    cfg = dataclasses.replace(cifar.cifar10_94(), model=name)
+    assert cifar.build_model(cfg, 3, 10, 16)[3].momentum == cfg.bn_momentum == 0.4
+    plain = custom.build(name, 3, 10, 16)
+    before = {k: v.clone() for k, v in plain.state_dict().items()}
+    assert set_bn_momentum_(plain, 0.1) == 1  # PyTorch's default: the network as its builder made it
+    assert plain[3].momentum == 0.1 and all(torch.equal(before[k], v) for k, v in plain.state_dict().items())
