@@ -117,15 +117,21 @@ def test_the_python_api_takes_the_function(tmp_path):
     ("{tmp}/shapes.py:NUMBER", "NUMBER is int, not a function"),
     ("{tmp}/shapes.py:Net", "an nn.Module class, not a function"),
     ("{tmp}/shapes.py:not_a_module", "returned dict, not a torch.nn.Module"),
-    ("{tmp}/shapes.py:wrong_shape", "gives shape [2, 7] for a batch of 2 3x16x16 images; it must give logits"),
+    ("{tmp}/shapes.py:wrong_shape", "gives shape [2, 7] (training mode) for a batch of 2 3x16x16 images; it must"),
+    ("{tmp}/shapes.py:eval_differs", "gives shape [2, 1] (evaluation mode)"),  # probed in both modes
+    ("{tmp}/shapes.py:exits_when_built", "building the network for (3, 10, 16) raised SystemExit: 4"),
+    ("{tmp}/shapes.py:exits_in_forward", "forward (training mode) on a batch of 2 3x16x16 images raised SystemExit"),
+    ("{tmp}/shapes.py:frozen", "has no trainable parameters"),
+    ("{tmp}/random.py:build", "a file named random.py would hide the module random"),  # the standard library's
     ("{tmp}/shapes.py:flat_output", "gives shape [2]"),
-    ("{tmp}/shapes.py:raises_in_forward", "forward on a batch of 2 3x16x16 images raised RuntimeError"),
+    ("{tmp}/shapes.py:raises_in_forward", "forward (training mode) on a batch of 2 3x16x16 images raised RuntimeError"),
     ("{tmp}/shapes.py:raises_when_built", "building the network for (3, 10, 16) raised TypeError"),
 ])
 def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp_path, no_run):
     _module(tmp_path, "broken", "def build(:\n")
     _module(tmp_path, "raising", "raise RuntimeError('import-time failure')\n")
     _module(tmp_path, "exits", "import sys\nsys.exit(3)\n")
+    _module(tmp_path, "random", "def build(c, k, px):\n    pass\n")
     _module(tmp_path, "shapes", """
         import torch
         from torch import nn
@@ -144,8 +150,43 @@ def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp
             return nn.Sequential(nn.Flatten(), nn.LazyLinear(1), nn.Flatten(0))
 
         class Raising(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(1))
+
             def forward(self, x):
                 raise RuntimeError("no forward")
+
+        class EvalDiffers(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(10))
+
+            def forward(self, x):
+                y = self.head(x)
+                return y if self.training else y[:, :1]
+
+        def eval_differs(c, k, px):
+            return EvalDiffers()
+
+        def exits_when_built(c, k, px):
+            import sys
+            sys.exit(4)
+
+        class Exits(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.zeros(1))
+
+            def forward(self, x):
+                import sys
+                sys.exit(5)
+
+        def exits_in_forward(c, k, px):
+            return Exits()
+
+        def frozen(c, k, px):
+            return nn.Sequential(nn.Flatten(), nn.Linear(c * px * px, k)).requires_grad_(False)
 
         def raises_in_forward(c, k, px):
             return Raising()
@@ -198,9 +239,9 @@ def test_a_saved_model_names_its_builder_and_never_imports_it(tmp_path, capsys, 
     data = "synthetic:train=128,test=32,shape=3x16x16"
     for model, extra, fragment in [("m", [], "built by tiny_net:build, which speedrun does not import by itself"),
                                    ("evil", [], "built by marker:build, which speedrun does not import"),
-                                   ("evil", ["--model", net], "built by marker:build, which speedrun does not"),
+                                   ("evil", ["--model", net], "was built by marker:build, not by tiny_net:build"),
                                    ("m", ["--model", f"{tmp_path}/marker.py:build"],  # imported: the user named it
-                                    "built by tiny_net:build, which speedrun does not")]:
+                                    "was built by tiny_net:build, not by marker:build")]:
         (tmp_path / "RAN").unlink(missing_ok=True)
         monkeypatch.setattr(custom, "_BUILDERS", {})
         code, _, err = run_cli(["eval", model, "--dataset", data, "--device", "cpu", *extra], capsys)
@@ -249,3 +290,53 @@ def test_the_users_batchnorm_takes_the_recipes_momentum_and_pytorchs_default_cha
     before = {k: v.clone() for k, v in plain.state_dict().items()}
     assert set_bn_momentum_(plain, 0.1) == 1  # PyTorch's default: the network as its builder made it
     assert plain[3].momentum == 0.1 and all(torch.equal(before[k], v) for k, v in plain.state_dict().items())
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench", "--vary", "model=a:build,b:build"], "--vary model=...: the network is given with --model"),
+    (["sweep", "--space", "model=a:build,b:build"], "--space model=...: the network is given with --model"),
+])
+def test_the_network_is_not_varied_or_searched(argv, fragment, capsys, no_run):
+    code, out, err = run_cli([*argv, *TINY], capsys)
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not no_run
+
+
+def test_a_saved_model_of_the_recipes_own_network_refuses_a_builder(tiny_net, capsys):
+    code, _, err = run_cli(["train", *TINY, "--save", "own"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["eval", "own", "--dataset", TINY[1], "--device", "cpu", "--model", tiny_net], capsys)
+    assert code == 2 and "was built as its recipe's own network, not by tiny_net:build; leave out --model" in err
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: (lambda c, k, px: nn.Linear(1, 1)), "a function defined with def"),
+    (lambda: nn.Linear, "a function defined with def"),
+    (lambda: __import__("functools").partial(lambda c, k, px: None), "a function defined with def"),
+])
+def test_the_api_takes_named_functions_only(make, fragment):
+    """A lambda, a class or a partial has no name a saved model could record and a later process give again."""
+    with pytest.raises(ValueError, match=fragment):
+        speedrun.train("cifar10-94", "synthetic:train=64,test=16,shape=3x16x16", device="cpu", epochs=0.5,
+                       batch_size=32, model=make())
+
+
+def test_a_scripts_builder_is_named_by_the_script(tmp_path):
+    """`python myscript.py` defining build and training with it records myscript:build, which --model
+    myscript.py:build names again when the saved model is evaluated."""
+    script = _module(tmp_path, "myscript", """
+        import speedrun
+        from torch import nn
+
+        def build(c, k, px):
+            return nn.Sequential(nn.Flatten(), nn.Linear(c * px * px, k))
+
+        r = speedrun.train("cifar10-94", "synthetic:train=64,test=16,shape=3x16x16", device="cpu", epochs=0.5,
+                           batch_size=32, model=build)
+        print(r.config["model"])
+    """)
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "myscript:build"

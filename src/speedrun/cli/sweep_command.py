@@ -8,7 +8,7 @@ import shlex
 
 from speedrun import dist
 from speedrun.cli.output import err, out
-from speedrun.cli.user_model import overrides_of
+from speedrun.cli.user_model import overrides_of, refuse_model_key
 from speedrun.errors import counted
 from speedrun.instruments.sweep import best_settings, sweep
 from speedrun.instruments.variants import set_text
@@ -71,6 +71,7 @@ def sweep_lines(report: dict) -> list[str]:
 
 def sweep_command(args, argv: list[str]) -> int:
     overrides = overrides_of(args)
+    refuse_model_key({str(text).partition("=")[0].strip() for text in args.space or []}, "--space")
     # an existing file, or one in a folder this process may not write, fails before any work; the file is claimed
     # once the sweep has checked everything else (claim), so that a refusal leaves no file or folder of it
     if args.write_settings is not None:

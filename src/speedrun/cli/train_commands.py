@@ -12,7 +12,7 @@ import numpy as np
 
 from speedrun import dist
 from speedrun.cli.output import EXIT_DIVERGED, err, out
-from speedrun.cli.user_model import given_builder, overrides_of
+from speedrun.cli.user_model import given_builder, overrides_of, refuse_model_key
 from speedrun.config import check_int
 from speedrun.data.folder import IMAGE_EXTENSIONS
 from speedrun.engine.peak import datasheet
@@ -122,6 +122,7 @@ def _bench_lines(report: dict) -> list[str]:
 
 def bench_command(args, argv: list[str]) -> int:
     vary, overrides = recipe_vary(args.recipe, args.vary), overrides_of(args)
+    refuse_model_key({key for key, _ in vary}, "--vary")
     report, path, stored = _run_and_store(args, argv, "bench", lambda log: bench(
         args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
         epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard))
@@ -251,7 +252,11 @@ def to_target_command(args, argv: list[str]) -> int:
 def eval_command(args, argv: list[str] | None = None) -> int:
     """`speedrun eval MODEL --dataset D [--json FILE]`: one line on stdout; progress on stderr. With --ensemble
     M1 M2 ...: a table of each model's accuracy and the ensemble's (ensemble_eval)."""
-    given_builder(args)
+    with given_builder(args):
+        return _eval(args, argv)
+
+
+def _eval(args, argv: list[str] | None) -> int:
     ensemble = getattr(args, "ensemble", None)
     if ensemble is not None and args.model is not None:
         raise ValueError(f"give either MODEL ({args.model}) or --ensemble MODEL MODEL ..., not both: with "
@@ -328,8 +333,12 @@ def predict_command(args) -> int:
     """`speedrun predict MODEL IMAGE... [--top K]`: `FILE: class p, class p, ...` per file on stdout, each batch
     as it is scored; a file that fails after some were printed says how many were. With --ensemble, the mean
     softmax of the models, noted on stderr."""
+    with given_builder(args):
+        return _predict(args)
+
+
+def _predict(args) -> int:
     ensemble, images = _predict_inputs(args)
-    given_builder(args)
 
     def note_smoke(model) -> None:
         if model.smoke_test:

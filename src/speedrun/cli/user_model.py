@@ -32,8 +32,14 @@ def _taking() -> list[str]:
     return [name for name, r in RECIPES.items() if hasattr(r.make_config(), "model")]
 
 
-def given_builder(args) -> None:
-    """eval / predict: the builder of a saved model trained with --model, registered before the model loads."""
-    spec = getattr(args, "builder", None)
-    if spec is not None:
-        custom.use_builder(spec)
+def given_builder(args):
+    """eval / predict: a context in which the builder of a saved model trained with --model is registered and
+    compared with each card's (export.load)."""
+    return custom.giving(getattr(args, "builder", None))
+
+
+def refuse_model_key(keys, flag: str) -> None:
+    """--vary and --space name settings to change; the network is not one of them (it is imported by --model)."""
+    if "model" in keys:
+        raise ValueError(f"{flag} model=...: the network is given with --model MODULE:FUNCTION (one a command), "
+                         "not varied or searched")

@@ -15,12 +15,14 @@ which flag to give), so no code is run because a file names it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,6 +30,8 @@ from torch import nn
 
 # name -> builder, for this process; filled only by use_builder / register (the user's explicit choice)
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+_LOADED: set[str] = set()  # module names this process took from --model files
+_GIVEN: list[str] = []  # eval / predict's --model, the one builder the command line gave (giving)
 _NAME = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*(<locals>[\w.]*)?")
 _FIX = ("give --model MODULE:FUNCTION: a Python file or an importable module, and the function in it that "
         "builds the network from (in_channels, num_classes, image_px)")
@@ -37,21 +41,33 @@ PROBE_BATCH = 2  # images the shape check runs (BatchNorm in training refuses on
 def check_name(name: str) -> None:
     """Refuse (ValueError) a recorded builder name that is not `module:function` (a config's `model` field)."""
     if not isinstance(name, str) or (name and not _NAME.fullmatch(name)):
-        raise ValueError(f"model={name!r} is not a builder's name (module:function); set it with --model "
-                         "MODULE:FUNCTION, not --set")
+        raise ValueError(f"model={clip_name(name)} is not a builder's name (module:function); a network of your own "
+                         "is named with --model MODULE:FUNCTION")
+
+
+def clip_name(name) -> str:
+    text = repr(name)
+    return text if len(text) <= 80 else text[:60] + "..."
 
 
 def name_of(fn: Callable[..., nn.Module]) -> str:
-    """`<module>:<qualname>`: the name a builder is recorded by (see the module)."""
+    """`<module>:<qualname>`: the name a builder is recorded by (see the module). A function of the script being
+    run (`python myscript.py`, module __main__) is named by the script's stem, as `--model myscript.py:build`
+    names it, so that its saved model can be loaded from the command line."""
     module = getattr(fn, "__module__", None) or "__main__"
+    if module == "__main__":
+        script = getattr(sys.modules.get("__main__"), "__file__", None)
+        module = Path(script).stem if script and Path(script).stem.isidentifier() else module
     return f"{module}:{getattr(fn, '__qualname__', None) or getattr(fn, '__name__', 'builder')}"
 
 
 def register(fn: Callable[..., nn.Module]) -> str:
     """A builder the user handed over in Python (`speedrun.train(model=build)`), known from now on by its name."""
-    if not callable(fn):
-        raise ValueError(f"model must be a function that builds an nn.Module (or 'MODULE:FUNCTION'), got "
-                         f"{type(fn).__name__}")
+    if not inspect.isfunction(fn) or fn.__name__ == "<lambda>":
+        # A lambda, a partial, a callable instance or a class has no name of its own that a saved model could
+        # record and a later process could be given again.
+        raise ValueError(f"model must be a function defined with def (its name is recorded, and a saved model is "
+                         f"loaded by giving it again), got {type(fn).__name__} {getattr(fn, '__name__', '')}".rstrip())
     name = name_of(fn)
     check_name(name)
     _BUILDERS[name] = fn
@@ -97,20 +113,34 @@ def _import(where: str, spec: str):
             loader_spec = importlib.util.spec_from_file_location(name, path)
             if loader_spec is None or loader_spec.loader is None or not name.isidentifier():
                 raise ValueError(f"--model {spec}: {where} is not a Python file whose name is a module name; {_FIX}")
+            if name not in _LOADED and _hides(name, path):
+                raise ValueError(f"--model {spec}: a file named {path.name} would hide the module {name} that "
+                                 "Python, torch or speedrun import; rename the file")
+            _LOADED.add(name)  # a --model file: the next one of this name replaces it
             module = importlib.util.module_from_spec(loader_spec)
             folder = str(path.resolve().parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)  # as `python FILE` does: its sibling modules import
+            added = folder not in sys.path
+            if added:  # while it is imported, its sibling modules import; last, so it hides no installed module
+                sys.path.append(folder)
             sys.modules[name] = module  # pickling and torch.compile find its classes by module name
             try:
                 loader_spec.loader.exec_module(module)
             except BaseException:
                 sys.modules.pop(name, None)
                 raise
+            finally:
+                if added and folder in sys.path:
+                    sys.path.remove(folder)
             return module
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.append(os.getcwd())  # as `python -m` does; the console script does not
-        return importlib.import_module(where)
+        here = os.getcwd()
+        added = here not in sys.path and "" not in sys.path
+        if added:  # as `python -m` finds modules in the working folder (the console script does not)
+            sys.path.append(here)
+        try:
+            return importlib.import_module(where)
+        finally:
+            if added and here in sys.path:
+                sys.path.remove(here)
     except ValueError as e:
         if str(e).startswith("--model "):
             raise
@@ -121,9 +151,41 @@ def _import(where: str, spec: str):
         raise ValueError(f"--model {spec}: importing {where} raised {_one_line(e)}; fix it there") from None
 
 
+def _hides(name: str, path: Path) -> bool:
+    """Whether a module `name` taken from the file `path` would stand in for another module (the standard
+    library's, an installed package's, one already imported) where Python, torch or speedrun import `name`."""
+    if name in sys.stdlib_module_names:
+        return True
+    here = path.resolve()
+    loaded = getattr(sys.modules.get(name), "__file__", None)
+    if name in sys.modules and (loaded is None or Path(loaded).resolve() != here):
+        return True
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a broken module of that name elsewhere: it would be hidden too
+        return True
+    return found is not None and (found.origin is None or Path(found.origin).resolve() != here)
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(f"{type(e).__name__}: {e}".split())
     return text if len(text) <= 200 else text[:196] + " ..."
+
+
+@contextlib.contextmanager
+def giving(spec: str | None) -> Iterator[None]:
+    """eval / predict's --model for the command's length: the builder registered and remembered as the one the
+    user gave, so that loading a saved model compares it with the card's (export.load); None: none given."""
+    _GIVEN[:] = [] if spec is None else [use_builder(spec)]
+    try:
+        yield
+    finally:
+        _GIVEN.clear()
+
+
+def given() -> str | None:
+    """The builder the command line gave (giving), or None."""
+    return _GIVEN[0] if _GIVEN else None
 
 
 def builder(name: str) -> Callable[..., nn.Module]:
@@ -143,7 +205,7 @@ def build(name: str, in_channels: int, num_classes: int, image_px: int) -> nn.Mo
     fn = builder(name)
     try:
         net = fn(in_channels, num_classes, image_px)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # the user's code: sys.exit there must not end speedrun silently
         raise ValueError(f"--model {name}: building the network for ({in_channels}, {num_classes}, {image_px}) "
                          f"raised {_one_line(e)}; the builder is called as FUNCTION(in_channels, num_classes, "
                          "image_px)") from None
@@ -163,17 +225,22 @@ def check_network(name: str, image_shape: tuple[int, int, int], num_classes: int
                          "give --image-size PX")
     with torch.device("cpu"):
         net = build(name, c, num_classes, h)
-    try:
-        with torch.no_grad():
-            out = net(torch.zeros(PROBE_BATCH, c, h, w))
-    except Exception as e:
-        raise ValueError(f"--model {name}: its network's forward on a batch of {PROBE_BATCH} {c}x{h}x{w} images "
-                         f"raised {_one_line(e)}") from None
-    want = [PROBE_BATCH, num_classes]
-    if not isinstance(out, torch.Tensor) or list(out.shape) != want:
-        got = f"shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
-        raise ValueError(f"--model {name}: its network gives {got} for a batch of {PROBE_BATCH} {c}x{h}x{w} "
-                         f"images; it must give logits (batch, num_classes) = {want}")
-    if not out.is_floating_point():
-        raise ValueError(f"--model {name}: its network gives {out.dtype} output; logits must be floating point")
+    if not any(p.requires_grad for p in net.parameters()):
+        raise ValueError(f"--model {name}: its network has no trainable parameters; the builder must return a "
+                         "network with parameters that require gradients")
+    for mode in ("training", "evaluation"):  # a network may answer differently in eval mode (BatchNorm, dropout)
+        net.train(mode == "training")
+        try:
+            with torch.no_grad():
+                out = net(torch.zeros(PROBE_BATCH, c, h, w))
+        except (Exception, SystemExit) as e:
+            raise ValueError(f"--model {name}: its network's forward ({mode} mode) on a batch of {PROBE_BATCH} "
+                             f"{c}x{h}x{w} images raised {_one_line(e)}") from None
+        want = [PROBE_BATCH, num_classes]
+        if not isinstance(out, torch.Tensor) or list(out.shape) != want:
+            got = f"shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+            raise ValueError(f"--model {name}: its network gives {got} ({mode} mode) for a batch of {PROBE_BATCH} "
+                             f"{c}x{h}x{w} images; it must give logits (batch, num_classes) = {want}")
+        if not out.is_floating_point():
+            raise ValueError(f"--model {name}: its network gives {out.dtype} output; logits must be floating point")
     return net

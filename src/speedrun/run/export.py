@@ -290,8 +290,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu", model=None
     model: the builder of a network trained with --model (MODULE:FUNCTION or the function; models/custom.py): a
     card that names one is loaded only once it is given, and a card naming another is refused."""
     weights, card_path = model_paths(path)
-    if model is not None:
-        model = custom.use_builder(model)
+    model = custom.use_builder(model) if model is not None else custom.given()  # eval / predict's --model
     _not_a_folder(card_path.with_suffix(""), card_path)
     device = resolve_device(device) if isinstance(device, str) else torch.device(device)
     try:

@@ -100,15 +100,13 @@ NETWORK_SETTINGS = ("dirac_init", "bn_scale_frozen", "logit_scale", "activation"
 
 def idle_tricks(cfg: CifarConfig, net: torch.nn.Module | None = None, in_channels: int = 3) -> list[str]:
     """The TRICKS keys that do nothing for cfg's network: none for the recipe's own; for the user's (cfg.model),
-    those acting inside the recipe's network, and the whitening's two where its first conv cannot be whitened
-    (tricks/whitening.py). `net`: the user's network when built already (else built here, on the CPU)."""
+    those acting inside the recipe's network, and, given the network built for the data (`net`), the whitening's
+    two where its first conv cannot be whitened (tricks/whitening.py). ablate asks before any data is read, so
+    without the network: whiten_init is then measured, and the warning of check() says where it does nothing."""
     if not cfg.model:
         return []
-    if net is None:
-        with torch.device("cpu"):
-            net = custom.build(cfg.model, in_channels, 10, 32)
     idle = list(NETWORK_SETTINGS)
-    if whitenable_first_conv(net, in_channels) is None:
+    if net is not None and whitenable_first_conv(net, in_channels) is None:
         idle += ["whiten_init", "whiten_bias_epochs"]
     return idle
 
