@@ -340,3 +340,16 @@ def test_a_scripts_builder_is_named_by_the_script(tmp_path):
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "myscript:build"
+
+
+@pytest.mark.parametrize("argv", [["bench", "--vary", "label_smoothing=0.1"],
+                                  ["sweep", "--space", "label_smoothing=0,0.1", "--trials", "1"]])
+def test_every_instrument_names_what_is_off_for_the_network_before_training(argv, tiny_net, capsys):
+    """The warning train prints (the tricks that do nothing for the user's network) comes from bench and sweep
+    too, before their first run."""
+    code, out, err = run_cli([*argv, "--model", tiny_net, *TINY, "--runs", "1"], capsys)
+    assert code == 0, err
+    lines = (err + out).splitlines()
+    warned = next(i for i, line in enumerate(lines) if "--model tiny_net:build" in line and "off for" in line)
+    first_run = next(i for i, line in enumerate(lines) if line.startswith(("warm-up", "trial", "round")))
+    assert warned < first_run, lines[:12]

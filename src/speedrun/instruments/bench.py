@@ -192,8 +192,10 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
             board = dist.main_first(world, lambda: boards.open_board(tensorboard, rec.name), everyone=False)
         data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
                                                               image_size=image_size, log=log))
-        for _, _, cfg in settings:
-            family.check(cfg, data, dev, world)
+        for i, (_, _, cfg) in enumerate(settings):
+            for message in family.check(cfg, data, dev, world):
+                if i == 0:  # the baseline's notes, as train shows them (the settings' are alike, or their own)
+                    warn(message)
         warmups = {}
         for name, _, cfg in settings:
             log(f"warm-up (untimed): {name}")

@@ -833,7 +833,8 @@ def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, obj
         data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
         # a copy of a named dataset that is not its published files is recorded under its path, as train records it
         stored_as = os.fspath(data_dir) if getattr(data, "unofficial", "") and data_dir is not None else dataset
-        family.check(base, data, dev, dist.World())
+        for message in family.check(base, data, dev, dist.World()):
+            warn(message)  # the base config's notes, as train shows them
         if store is None:  # a new storage, opened (and so made) first of the sweep's files: the likeliest to fail
             if storage is None:  # speedrun's own folder, the results database's, made as connect makes it
                 make_folder(file.parent, "the folder of the results database and the study storage",

@@ -34,7 +34,7 @@ from typing import Any
 from speedrun import dist
 from speedrun.config import check_int
 from speedrun.engine.system import resolve_device
-from speedrun.errors import print_line
+from speedrun.errors import print_line, warn
 from speedrun.instruments.bench import measured_run, round_orders, stopped_by, warm_up
 from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.environment import environment
@@ -131,8 +131,10 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
     """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
     report (without the already-off tricks, the target and the timed region, which to_target adds)."""
     data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None, log=log))
-    for cfg in configs.values():
-        family.check(cfg, data, dev, world)
+    for i, cfg in enumerate(configs.values()):
+        for message in family.check(cfg, data, dev, world):
+            if i == 0:  # the baseline's notes, as train shows them
+                warn(message)
     n_train = data.num_train
 
     def at_steps(cfg, steps: int):

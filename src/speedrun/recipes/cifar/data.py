@@ -87,7 +87,8 @@ def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.Wor
         net = custom.check_network(cfg.model, data.image_shape, data.num_classes)
         idle = idle_tricks(cfg, net, data.image_shape[0])
         norms = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
-        momentum = f"its {counted(norms, 'BatchNorm layer')} take bn_momentum={cfg.bn_momentum:g}; " if norms else ""
+        momentum = (f"its {counted(norms, 'BatchNorm layer')} take{'s' if norms == 1 else ''} bn_momentum="
+                    f"{cfg.bn_momentum:g}; " if norms else "")
         notes.append(f"--model {cfg.model}: {sum(p.numel() for p in net.parameters()):,} parameters; {momentum}off "
                      f"for this network (they act inside the recipe's own): {', '.join(idle)}")
     return notes + check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels),
