@@ -150,6 +150,16 @@ def snapshot(*roots) -> set[str]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _default_cpu_threads_read_first():
+    """tricks/precision.py's default_cpu_threads() keeps the count it first reads, as a process's first run reads
+    it before any run sets another. Read here, before any test sets one (the one-thread fixtures): read inside such
+    a fixture, every later run of the session would take 1 thread for the default, and tests of the default fail
+    in some orders."""
+    from speedrun.tricks.precision import default_cpu_threads
+    default_cpu_threads()
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _results_database_in_a_temp_folder(tmp_path_factory):
     """Commands write their results into a database (db.py); the tests' own, never the user's. Set in os.environ so
     that the subprocesses of tests (torchrun, the CLI) inherit it."""
