@@ -159,6 +159,16 @@ def _default_cpu_threads_read_first():
     default_cpu_threads()
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_as_they_were():
+    """torch's intra-op thread count is process-wide: a run with cpu_threads=1 leaves it at 1 until the next run
+    sets it (a command's process ends there). Put back after each test, so that no test starts from another's."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _results_database_in_a_temp_folder(tmp_path_factory):
     """Commands write their results into a database (db.py); the tests' own, never the user's. Set in os.environ so
