@@ -2,9 +2,10 @@
 
 FUNCTION builds an nn.Module from (in_channels, num_classes, image_px), called positionally: a network that takes
 (N, in_channels, image_px, image_px) images and gives (N, num_classes) logits. MODULE is a Python file
-(`examples/mobile_net.py`) or an importable module (`mynets.small`), imported the way `python FILE` and torchrun
-import a script (the file's folder first on sys.path) or `python -m` imports a module (the working folder on
-sys.path). It is the user's own code, named by the user: importing it runs it, as running the script would.
+(`examples/mobile_net.py`) or an importable module (`mynets.small`), imported much as `python FILE` imports a
+script or `python -m` finds a module: the file's folder (the working folder) is on sys.path while it is imported,
+last, so that it hides no installed module, and a file named like one is refused. It is the user's own code,
+named by the user: importing it runs it, as running the script would.
 
 A builder is known by its name, `<module>:<qualname>` with a file's module named by its stem
 (`examples/mobile_net.py:build` is `mobile_net:build`), whatever path reached it: that name is what a config, a
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from speedrun.errors import clip
 
 # name -> builder, for this process; filled only by use_builder / register (the user's explicit choice)
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
@@ -168,8 +171,8 @@ def _hides(name: str, path: Path) -> bool:
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(f"{type(e).__name__}: {e}".split())
-    return text if len(text) <= 200 else text[:196] + " ..."
+    """The user's error as `Type: message` on one line of at most 200 characters."""
+    return clip(" ".join(f"{type(e).__name__}: {e}".split()), 200)
 
 
 @contextlib.contextmanager
