@@ -43,7 +43,8 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))  # the device runs the tree as it is, nothing installed (its image has torch)
+if str(ROOT / "src") not in sys.path:  # the device runs the tree as it is, nothing installed (its image has torch)
+    sys.path.insert(0, str(ROOT / "src"))
 AIRBENCH = ROOT / "third_party" / "airbench-0.1.8"
 PACK = ROOT / "third_party" / "cifar10-jpeg.pack"
 

@@ -28,8 +28,9 @@ from unittest import mock
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+for _folder in (ROOT / "src", ROOT / "benchmarks"):  # once: a test that loads this script twice adds nothing
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 from speedrun.data.synthetic import make as synthetic  # noqa: E402
 from speedrun.engine.launches import Counter, Work  # noqa: E402

@@ -1,6 +1,9 @@
 import dataclasses
 import importlib.util
 import os
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,9 +98,15 @@ def save_tiny_cifar_models(root: Path, cfg, dataset: str, seeds) -> tuple[list[P
     return stems, data
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+for _folder in (_ROOT / "src", _ROOT / "benchmarks"):  # where the benchmark scripts look for speedrun and each other:
+    if str(_folder) not in sys.path:                   # here once, before any test, so loading one changes nothing
+        sys.path.append(str(_folder))
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (the scripts are not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = _ROOT / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -136,6 +145,24 @@ def run_peak(body: str, env: dict | None = None, cwd=None) -> tuple[int, str]:
     peak = [line for line in done.stderr.splitlines() if line.startswith("PEAK_KB")]
     assert peak, done.stderr[-3000:]
     return int(peak[-1].split()[1]) * 1024, done.stderr
+
+
+def rest_of(proc, timeout_s: float) -> tuple[str, str]:
+    """What a child writes from here to its exit (stdout, stderr), after lines were read through proc.stdout or
+    proc.stderr: communicate() reads the pipes' descriptors, not the file objects, and would lose what they had
+    read ahead (a last line that came with the one the test waited for). Kills the child after timeout_s."""
+    out: list[str] = []
+    drain = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    drain.start()
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    try:
+        err = proc.stderr.read() if proc.stderr else ""
+        drain.join()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return out[0] if out else "", err
 
 
 def snapshot(*roots) -> set[str]:
@@ -182,3 +209,70 @@ def _results_database_in_a_temp_folder(tmp_path_factory):
         os.environ.pop("SPEEDRUN_DB", None)
     else:
         os.environ["SPEEDRUN_DB"] = previous
+
+
+# What a test's process hands to every later test and to the programs they start: a test that leaves one changed
+# makes a later test's result depend on the order (a SIGTERM test whose child inherited another test's RANK, say).
+# Session-scoped fixtures set these keys once, on purpose; torch's compiler sets its cache folder's at its first use
+# in a process, whichever test that is.
+_SESSION_ENV = frozenset({"SPEEDRUN_DB", "TORCHINDUCTOR_CACHE_DIR"})
+# SIGCHLD is not among the signals: torch's DataLoader sets its handler once per process, at its first worker.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGALRM)
+
+
+def _process_state() -> dict:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return {"environment": {k: v for k, v in os.environ.items() if k not in _SESSION_ENV},
+            "signal handlers": {s.name: signal.getsignal(s) for s in _SIGNALS},
+            "signal mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "working folder": os.getcwd(), "sys.path": list(sys.path), "umask": umask}
+
+
+def _restore(state: dict) -> None:
+    env = state["environment"]
+    for k in [k for k in os.environ if k not in _SESSION_ENV and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+    for name, handler in state["signal handlers"].items():
+        signal.signal(getattr(signal, name), signal.SIG_DFL if handler is None else handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, state["signal mask"])
+    os.chdir(state["working folder"])
+    sys.path[:] = state["sys.path"]
+    os.umask(state["umask"])
+
+
+def _changes(before: dict, after: dict) -> list[str]:
+    found = []
+    for what in before:
+        b, a = before[what], after[what]
+        if b == a:
+            continue
+        if isinstance(b, dict):
+            keys = sorted(k for k in set(b) | set(a) if b.get(k) != a.get(k))
+            found.append(f"{what}: " + ", ".join(f"{k} {b.get(k)!r} -> {a.get(k)!r}" for k in keys))
+        else:
+            found.append(f"{what}: {b!r} -> {a!r}")
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_STATE_KEY] = _process_state()  # before any of the test's fixtures
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield  # every fixture of the test torn down
+    before = item.stash.get(_STATE_KEY, None)
+    if before is not None:
+        changed = _changes(before, _process_state())
+        if changed:
+            _restore(before)  # the next test starts clean whatever this one did
+            raise AssertionError("the test left process state changed (later tests and their child processes "
+                                 "would inherit it): " + "; ".join(changed))
+    return result
+
+
+_STATE_KEY = pytest.StashKey[dict]()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.data.augment import translate
-from speedrun.data.loader import normalize
+from speedrun.data.loader import Normalization, normalize
 from speedrun.engine import loop as engine_loop
 from speedrun.engine.loop import evaluate
 from speedrun.models import CifarNet
@@ -368,11 +368,11 @@ def test_selective_tta_does_not_depend_on_the_batch_size():
 
 def test_evaluate_with_tta_select_scores_the_whole_set_at_any_batch_size():
     net, data = eval_net(4), make_data(n_test=50)
-    kwargs = dict(mean=torch.zeros(3), std=torch.ones(3), dtype=torch.float32, channels_last=False, tta_level=2)
+    kwargs = dict(normalization=Normalization(torch.zeros(3), torch.ones(3)), tta_level=2)
     scores = {b: evaluate(net, data.test_images, data.test_labels, batch_size=b, tta_select=0.25, **kwargs)
               for b in (1, 8, 2000)}
     assert len(set(scores.values())) == 1
-    x = normalize(data.test_images, kwargs["mean"], kwargs["std"], torch.float32, False)
+    x = normalize(data.test_images, torch.zeros(3), torch.ones(3), torch.float32, False)
     with torch.no_grad():
         by_hand = _whole_set(net, x, 2, 0.25, 50).argmax(1)
     assert scores[8] == int((by_hand == data.test_labels).sum()) / 50
@@ -387,8 +387,8 @@ def test_the_passes_each_batch_reports_sum_to_passes_as_evaluate_and_the_whole_s
     counted, seen = [], []
     with torch.no_grad():
         selective_tta_logits(net, lambda idx: x[idx], 20, level, fraction, 7, counted.append)
-    evaluate(net, data.test_images, data.test_labels, mean=torch.zeros(3), std=torch.ones(3), dtype=torch.float32,
-             channels_last=False, tta_level=level, batch_size=7, tta_select=fraction, on_batch=seen.append)
+    evaluate(net, data.test_images, data.test_labels, normalization=Normalization(torch.zeros(3), torch.ones(3)),
+             tta_level=level, batch_size=7, tta_select=fraction, on_batch=seen.append)
     views = {0: 1, 1: 2, 2: 6}[level]
     expected = 20 * views if fraction >= 1 or level == 0 else 20 + selected_count(20, fraction) * (views - 1)
     assert sum(counted) == sum(seen) == passes(20, level, fraction) == expected

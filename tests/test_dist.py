@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import make_tiny
+from conftest import make_tiny, rest_of
 from speedrun.engine.checkpoint import list_checkpoints
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -221,7 +221,7 @@ def test_a_signal_stops_a_run_at_the_next_step_without_a_checkpoint_folder(tmp_p
             break
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = rest_of(proc, timeout_s=60)
     assert proc.returncode == 143, err
     assert time.monotonic() - start < 10  # 6,400 steps were left; one step takes milliseconds
     assert err.strip().splitlines()[-1] == "speedrun: terminated (SIGTERM); no run had finished"

@@ -20,6 +20,7 @@ from PIL import Image
 
 from speedrun import dist
 from speedrun.data.shards import write_split
+from speedrun.engine.loop import RunHooks
 from speedrun.recipes import RECIPES, imagenet
 from speedrun.recipes.imagenet import loop as imagenet_loop
 from speedrun.recipes.imagenet import data as imagenet_checks
@@ -110,7 +111,7 @@ def test_a_run_resumed_mid_epoch_ends_bitwise_equal_to_an_uninterrupted_one(shar
     whole = imagenet.train_run(cfg, data, device, seed=4)
     stop = _StopAt(7)
     with pytest.raises(_StopAt.Stop):
-        imagenet.train_run(cfg, data, device, seed=4, checkpoints=stop)
+        imagenet.train_run(cfg, data, device, seed=4, hooks=RunHooks(checkpoints=stop))
     seen = []
     resumed = imagenet.train_run(cfg, data, device, seed=4, resume=stop.state,
                                  on_batch=lambda step, labels: seen.append(step))
@@ -137,14 +138,15 @@ _ONCE_SCRIPT = """
 import json, os, sys
 import torch
 from speedrun import dist
-from speedrun.data.shard_loader import ShardLoader
+from speedrun.data.loader import Normalization
+from speedrun.data.shard_loader import Decoding, ShardLoader
 
 root, start, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 world = dist.init(dist.from_env(), torch.device("cpu"))
 # Labels are sample numbers here (one class per sample), so the targets a process receives name its images.
-loader = ShardLoader(root, "train", batch_size=8, epochs=3, device=torch.device("cpu"), mean=torch.zeros(3),
-                     std=torch.ones(3), res_at=lambda s: 16, decode_px=16, workers=2, seed=11,
-                     share=dist.share(8, world))
+loader = ShardLoader(root, "train", batch_size=8, epochs=3, device=torch.device("cpu"), res_at=lambda s: 16,
+                     normalization=Normalization(torch.zeros(3), torch.ones(3)),
+                     decoding=Decoding(decode_px=16, workers=2), seed=11, share=dist.share(8, world))
 seen = {step: y.tolist() for step, (_, y) in enumerate(loader.batches(start), start)}
 with open(f"{out}.{world.rank}", "w") as f:
     json.dump(seen, f)

@@ -227,7 +227,7 @@ def test_lookahead_over_mixed_dtypes_is_the_per_tensor_rule():
 
 
 def test_a_checkpoint_is_written_only_after_every_loss_is_checked():
-    from speedrun.engine.loop import LoopState, Steps, Timer
+    from speedrun.engine.loop import LoopState, RunHooks, Steps, Timer
     calls = []
 
     class Due:
@@ -239,7 +239,7 @@ def test_a_checkpoint_is_written_only_after_every_loss_is_checked():
 
     timer = Timer(CPU)
     timer.start()
-    steps = Steps(timer, 10, checkpoints=Due())
+    steps = Steps(timer, 10, RunHooks(checkpoints=Due()))
 
     class State(LoopState):
         def state_dict(self):

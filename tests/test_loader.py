@@ -3,15 +3,18 @@ import math
 import pytest
 import torch
 
-from speedrun.data.loader import DeviceLoader, channel_stats, normalize, steps_for
+from speedrun.data.loader import Augmentation, DeviceLoader, Normalization, channel_stats, normalize, steps_for
+
+AUGMENTATION = ("flip", "translate_px", "cutout_px", "cutmix_px")
 
 
 def make(n=50, batch=8, epochs=3.0, **kw):
     images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 4, 4).contiguous()
     labels = torch.arange(n) % 5
-    mean, std = torch.zeros(1), torch.ones(1)  # identity normalization (x / 255) keeps ids recoverable
+    identity = Normalization(torch.zeros(1), torch.ones(1))  # identity normalization (x / 255) keeps ids recoverable
+    augmentation = Augmentation(**{k: kw.pop(k) for k in AUGMENTATION if k in kw})
     loader = DeviceLoader(images, labels, batch_size=batch, epochs=epochs, num_classes=5,
-                          device=torch.device("cpu"), mean=mean, std=std, **kw)
+                          device=torch.device("cpu"), normalization=identity, augmentation=augmentation, **kw)
     return loader
 
 
@@ -62,7 +65,8 @@ def test_alternating_flip_in_the_loader():
     n = 16
     images = torch.arange(n * 4, dtype=torch.uint8).view(n, 1, 1, 4).expand(n, 1, 2, 4).contiguous()
     loader = DeviceLoader(images, torch.zeros(n, dtype=torch.int64), batch_size=n, epochs=3, num_classes=1,
-                          device=torch.device("cpu"), mean=torch.zeros(1), std=torch.ones(1), flip="alternating")
+                          device=torch.device("cpu"), normalization=Normalization(torch.zeros(1), torch.ones(1)),
+                          augmentation=Augmentation(flip="alternating"))
     epochs = [(x[:, 0, 0] * 255).round().long() for x, _ in loader]  # (n, 4) per epoch
     flipped = [(e[:, 0] > e[:, -1]) for e in epochs]
     # sort by image to compare the same image across epochs (the first pixel identifies it)
@@ -139,8 +143,8 @@ def test_standardizing_once_gives_the_batches_of_standardizing_each_bit_for_bit(
     labels = torch.arange(40) % 4
     mean, std = channel_stats(images)
     loader = DeviceLoader(images, labels, batch_size=8, epochs=3.0, num_classes=4, device=torch.device("cpu"),
-                          mean=mean, std=std, dtype=dtype, channels_last=channels_last, flip="alternating",
-                          translate_px=2, seed=5, drop_last=True)
+                          normalization=Normalization(mean, std, dtype, channels_last),
+                          augmentation=Augmentation(flip="alternating", translate_px=2), seed=5, drop_last=True)
     got = list(loader)
     expected = _reference_batches(images, labels, 8, loader.steps, seed=5, flip="alternating", translate_px=2,
                                   mean=mean, std=std, dtype=dtype, channels_last=channels_last)
@@ -184,7 +188,8 @@ def test_one_copy_to_the_device_an_epoch():
     with Counter() as c:
         loader = DeviceLoader(torch.zeros(20, 3, 4, 4, dtype=torch.uint8), torch.zeros(20, dtype=torch.int64),
                               batch_size=5, epochs=2.0, num_classes=2, device=torch.device("meta"),
-                              mean=torch.zeros(3), std=torch.ones(3), flip="random", translate_px=1, cutout_px=2)
+                              normalization=Normalization(torch.zeros(3), torch.ones(3)),
+                              augmentation=Augmentation(flip="random", translate_px=1, cutout_px=2))
         c.mark()
         batches = loader.batches(0)
         for _ in range(4):

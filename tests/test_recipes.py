@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from speedrun.engine.loop import RunHooks
 from speedrun.recipes import cifar
 from speedrun.recipes.cifar import loop as cifar_loop
 from speedrun.run.runner import RECIPES, get_recipe, make_config
@@ -91,6 +92,6 @@ def test_whitening_bias_freezes_after_its_window(monkeypatch):
     monkeypatch.setattr(cifar_loop, "CifarNet", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
     seen = []  # the whitening bias's requires_grad after each step
     cifar.train_run(cfg, data, CPU, seed=0,
-                    on_step=lambda step, total: seen.append(built[0].whiten.bias.requires_grad))
+                    hooks=RunHooks(on_step=lambda step, total: seen.append(built[0].whiten.bias.requires_grad)))
     # 4 steps of 32 over 64 examples: epochs 0.5, 1.0, 1.5, 2.0; the bias trains in steps 1-2 only
     assert seen == [True, True, False, False]

@@ -18,6 +18,7 @@ from speedrun.cli.program import main
 from speedrun.engine.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.errors import SpeedrunWarning
 from speedrun.recipes.cifar import loop as cifar_loop
+from speedrun.recipes.in_memory import loop as in_memory_loop
 from speedrun.run import runner
 
 pytestmark = pytest.mark.skipif("finished_job" not in inspect.getsource(runner),
@@ -71,8 +72,8 @@ def _rows(db: Path) -> list[int]:
 def _evaluations(monkeypatch) -> list:
     """Every final evaluation the cifar family scores (a resumed run's last step checkpointed: only that)."""
     scored = []
-    real = cifar_loop.evaluate
-    monkeypatch.setattr(cifar_loop, "evaluate", lambda *a, **k: scored.append(1) or real(*a, **k))
+    real = in_memory_loop.evaluate  # the shared loop scores the cifar family's runs
+    monkeypatch.setattr(in_memory_loop, "evaluate", lambda *a, **k: scored.append(1) or real(*a, **k))
     return scored
 
 

@@ -13,9 +13,10 @@ import pytest
 from speedrun.engine.loop import RunResult
 from speedrun.instruments import bench
 from speedrun.recipes import cifar
+from speedrun.run.prepared import RunRequest
 
-SMALL = dict(dataset="synthetic:train=64,test=32", device="cpu", epochs=0.5,
-             overrides={"batch_size": "32", "tta_level": "0", "widths": "8,8,8", "whiten_images": "32"})
+SMALL = RunRequest("cifar10-94", "synthetic:train=64,test=32", "cpu", 0.5,
+                   {"batch_size": "32", "tta_level": "0", "widths": "8,8,8", "whiten_images": "32"})
 NO_OPS = [("target_accuracy", ["0.93", "0.92"])]  # the target is judged after training: it changes no computation
 
 
@@ -40,7 +41,7 @@ def test_what_the_first_run_in_a_process_pays_is_paid_by_the_warm_up(monkeypatch
     """The issue's bench: the baseline, run first, was 2.7 s against 0.7 s and a no-op setting a 45% speedup."""
     train_run, calls, lines = _fake(lambda calls, lines: 2.7 if len(calls) == 1 else 0.7)
     monkeypatch.setattr(cifar, "train_run", train_run)
-    report = bench.bench("cifar10-94", vary=NO_OPS, runs=3, log=lines.append, **SMALL)
+    report = bench.bench(SMALL, vary=NO_OPS, runs=3, log=lines.append)
     for test in _time_ratios(report):
         low, high = test["ratio_ci95"]
         assert test["ratio"] == pytest.approx(1.0) and low <= 1.0 <= high, test
@@ -63,7 +64,7 @@ def test_a_setting_s_place_in_its_round_falls_on_every_setting_alike(monkeypatch
 
     train_run, _, lines = _fake(by_place)
     monkeypatch.setattr(cifar, "train_run", train_run)
-    report = bench.bench("cifar10-94", vary=NO_OPS, runs=3, log=lines.append, **SMALL)
+    report = bench.bench(SMALL, vary=NO_OPS, runs=3, log=lines.append)
     places = {s["name"]: [] for s in report["settings"]}
     for (_, group) in itertools.groupby(report["order"], key=lambda o: o["round"]):
         for place, o in enumerate(group):

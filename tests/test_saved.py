@@ -21,7 +21,7 @@ from PIL import Image
 
 from speedrun.cli import train_commands
 from speedrun.run import export as saved
-from speedrun.data.loader import normalize
+from speedrun.data.loader import Normalization, normalize
 from speedrun.engine.loop import evaluate
 from speedrun.recipes import cifar
 from speedrun.tricks.tta import tta_logits
@@ -137,8 +137,8 @@ def test_evaluate_saved_matches_engine_evaluate(stem, trained, tmp_path, monkeyp
     data, net, card = trained
     monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
     root = _image_folder(tmp_path / "pics", data)
-    expected = evaluate(net, data.test_images, data.test_labels, mean=torch.tensor(card["mean"]),
-                        std=torch.tensor(card["std"]), dtype=torch.float32, channels_last=False, tta_level=2)
+    expected = evaluate(net, data.test_images, data.test_labels,
+                        normalization=Normalization(torch.tensor(card["mean"]), torch.tensor(card["std"])), tta_level=2)
     result = saved.evaluate_saved(stem, str(root), device="cpu")
     assert result["accuracy"] == expected and (result["n"], result["tta_level"], result["model"]) == (64, 2, str(stem))
     args = argparse.Namespace(model=str(stem), dataset=str(root), data_dir=None, image_size=None, device="cpu",
@@ -315,8 +315,7 @@ def test_a_model_trained_with_selective_tta_is_scored_with_it(tmp_path, trained,
         torch.testing.assert_close(one, model(data.test_images)[:1], rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("SPEEDRUN_DATA", str(tmp_path / "cache"))
     root = _image_folder(tmp_path / "pics", data)
-    kwargs = dict(mean=torch.tensor(card["mean"]), std=torch.tensor(card["std"]), dtype=torch.float32,
-                  channels_last=False, tta_level=2)
+    kwargs = dict(normalization=Normalization(torch.tensor(card["mean"]), torch.tensor(card["std"])), tta_level=2)
     expected = evaluate(net, data.test_images, data.test_labels, tta_select=0.25, **kwargs)
     for batch in (1, 5, 2000):
         assert saved.evaluate_saved(tmp_path / "sel", str(root), device="cpu", batch_size=batch)["accuracy"] == expected

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from speedrun.data.shard_loader import (ShardImages, ShardLoader, center_boxes, crop_resize, epoch_order,
+from speedrun.data.loader import Normalization
+from speedrun.data.shard_loader import (Decoding, ShardImages, ShardLoader, center_boxes, crop_resize, epoch_order,
                                         eval_batches, random_resized_boxes, stream_indices)
 from speedrun.data.shards import write_split
 
@@ -35,10 +36,10 @@ def shards(tmp_path_factory) -> Path:
     return root
 
 
-def _loader(root, **kw) -> ShardLoader:
-    args = dict(batch_size=8, epochs=3, device=torch.device("cpu"), mean=MEAN, std=STD, res_at=lambda s: 24,
-                decode_px=32, workers=0, seed=3)
-    return ShardLoader(str(root), "train", **{**args, **kw})
+def _loader(root, *, workers: int = 0, device_decode=None, channels_last: bool = False, **kw) -> ShardLoader:
+    args = dict(batch_size=8, epochs=3, device=torch.device("cpu"), res_at=lambda s: 24, seed=3)
+    return ShardLoader(str(root), "train", normalization=Normalization(MEAN, STD, channels_last=channels_last),
+                       decoding=Decoding(decode_px=32, workers=workers, device_decode=device_decode), **{**args, **kw})
 
 
 def test_every_sample_is_seen_once_per_epoch_and_the_order_is_a_function_of_seed_and_epoch():
@@ -109,16 +110,16 @@ def test_random_resized_boxes_obey_scale_and_ratio_and_stay_inside():
 def test_crop_resize_of_the_whole_image_at_its_own_size_is_the_image_and_flip_mirrors_it():
     images = torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8)
     whole = torch.tensor([[0.0, 0.0, 1.0, 1.0]] * 3)
-    ident = torch.zeros(3), torch.ones(3)
-    out = crop_resize(images, whole, None, 16, *ident, torch.float32, False) * 255
+    ident = Normalization(torch.zeros(3), torch.ones(3))
+    out = crop_resize(images, whole, None, 16, ident) * 255
     assert torch.allclose(out, images.float(), atol=1e-3)
-    flipped = crop_resize(images, whole, torch.tensor([True, False, True]), 16, *ident, torch.float32, False) * 255
+    flipped = crop_resize(images, whole, torch.tensor([True, False, True]), 16, ident) * 255
     assert torch.allclose(flipped[0], images[0].flip(-1).float(), atol=1e-3)
     assert torch.allclose(flipped[1], images[1].float(), atol=1e-3)
     # The bottom-right quarter at its own resolution: exactly those pixels.
-    quarter = crop_resize(images, torch.tensor([[0.5, 0.5, 0.5, 0.5]] * 3), None, 8, *ident, torch.float32, False)
+    quarter = crop_resize(images, torch.tensor([[0.5, 0.5, 0.5, 0.5]] * 3), None, 8, ident)
     assert torch.allclose(quarter * 255, images[..., 8:, 8:].float(), atol=1e-3)
-    cl = crop_resize(images, whole, None, 16, *ident, torch.float32, True)
+    cl = crop_resize(images, whole, None, 16, Normalization(torch.zeros(3), torch.ones(3), channels_last=True))
     assert cl.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -168,11 +169,11 @@ def test_a_bomb_jpeg_header_is_refused_before_decoding(tmp_path, raw):
         ShardImages(str(tmp_path), "train", 16, raw=raw)[0]
 
 
-def test_settings_out_of_range_are_refused(shards):
-    with pytest.raises(ValueError, match="decode_px"):
-        _loader(shards, decode_px=4)
-    with pytest.raises(ValueError, match="workers"):
-        _loader(shards, workers=-1)
+def test_settings_out_of_range_are_refused():
+    with pytest.raises(ValueError, match=r"^decode_px must be in \[8, 1024\], got 4$"):
+        Decoding(decode_px=4)
+    with pytest.raises(ValueError, match=r"^workers must be in \[0, 256\], got -1$"):
+        Decoding(workers=-1)
 
 
 def _pillow_on_device(blobs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from conftest import rest_of
 from speedrun.engine.loop import stop_at_step_end
 from speedrun.errors import Terminated
 
@@ -106,7 +107,7 @@ def test_sigterm_mid_step_of_a_slow_cpu_step_is_acknowledged_at_once_and_stops_t
             if line.startswith("speedrun: SIGTERM"):
                 break
         acked = time.monotonic() - sent
-        _, err = proc.communicate(timeout=120)
+        _, err = rest_of(proc, timeout_s=120)
         err = "".join(seen) + err
     finally:
         if proc.poll() is None:

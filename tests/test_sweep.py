@@ -37,8 +37,8 @@ def fake_training(monkeypatch):
     family = REC.module()
     calls = {"n": 0, "accuracy": lambda call, cfg, seed: 0.5 + cfg.label_smoothing}
 
-    def train_run(cfg, data, device, seed, *, world=None, on_step=None, on_epoch=None, checkpoints=None,
-                  resume=None, on_scalars=None):
+    def train_run(cfg, data, device, seed, *, world=None, hooks=None, resume=None):
+        on_epoch = None if hooks is None else hooks.on_epoch
         accuracy = calls["accuracy"](calls["n"], cfg, seed)
         if on_epoch is not None:
             calls["n"] += 1
@@ -275,13 +275,13 @@ def test_two_sweeps_on_one_study_keep_every_trial(tmp_path, fake_training, monke
     done = []
 
     def work(i):  # the API: the CLI's signal handlers belong to the main thread
-        report, _, _ = sweeping.sweep("cifar10-94", space=["label_smoothing=0,0.1,0.2"], trials=4, runs=1,
-                                      dataset="synthetic:train=64,test=16", device="cpu", epochs=2.0,
-                                      overrides={"batch_size": "32", "widths": "8,16,16", "whiten_images": "32",
-                                                 "cpu_threads": "1"},
-                                      storage=storage, study="shared", resume=True, db_path=tmp_path / "r.db",
-                                      prune=False,
-                                      log=lambda line: None)
+        spec = sweeping.SweepSpec("cifar10-94", space=("label_smoothing=0,0.1,0.2",), trials=4, runs=1,
+                                  dataset="synthetic:train=64,test=16", device="cpu", epochs=2.0,
+                                  overrides={"batch_size": "32", "widths": "8,16,16", "whiten_images": "32",
+                                             "cpu_threads": "1"},
+                                  storage_url=storage, study_name="shared", resume=True, db_path=tmp_path / "r.db",
+                                  prune=False)
+        report, _, _ = sweeping.sweep(spec, log=lambda line: None)
         done.append(report["trials_this_process"])
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
@@ -360,7 +360,7 @@ def test_optuna_is_imported_only_by_a_sweep(monkeypatch):
     subprocess.run([sys.executable, "-c", code], check=True)
     monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed
     with pytest.raises(ValueError, match=r"pip install 'speedrun\[sweep\]'"):
-        sweeping.sweep("cifar10-94", space=["label_smoothing=0,0.1"])
+        sweeping.sweep(sweeping.SweepSpec("cifar10-94", space=("label_smoothing=0,0.1",)))
 
 
 def test_tensorboard_gets_each_run_of_each_trial(tmp_path, fake_training, monkeypatch):
@@ -502,3 +502,37 @@ def test_a_study_must_outlive_the_process_and_have_a_name(argv, fragment, tmp_pa
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and fragment in err, err
     assert not list(tmp_path.iterdir()) and fake_training["n"] == 0
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"objective": "speed"}, "--objective 'speed': choose accuracy or time"),
+    ({"sampler": "cmaes"}, "--sampler 'cmaes': choose tpe, random, grid"),
+    ({"trials": 0}, "trials (--trials) must be an integer in [1, 100000], got 0"),
+    ({"runs": True}, "runs (--runs) must be an integer in [1, 10000], got True"),
+    ({"seed": 2**32 - 1, "runs": 2}, "give --seed from 0 to 4294967294 with --runs 2"),
+    ({"objective": "time", "runs": 1}, "a t-test that needs n >= 2: give --runs 2 or more"),
+    ({"study_name": " "}, "--study: give a name of 1 to 200 characters, not blank"),
+    ({"study_name": "a\nb"}, "--study a\\nb: the name holds a control or other unprintable character"),
+])
+def test_a_sweep_spec_is_checked_in_one_place_before_anything_is_opened(options, message, tmp_path, monkeypatch):
+    """SweepSpec.check() refuses each bad option in the CLI's words; sweep() calls it before any file is made."""
+    monkeypatch.chdir(tmp_path)
+    spec = sweeping.SweepSpec("cifar10-94", space=("label_smoothing=0,0.1",), db_path=tmp_path / "r.db", **options)
+    with pytest.raises(ValueError) as refused:
+        spec.check()
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ValueError) as again:
+        sweeping.sweep(spec, log=lambda line: None)
+    assert str(again.value) == str(refused.value) and not list(tmp_path.iterdir())
+    sweeping.SweepSpec("cifar10-94", space=("label_smoothing=0,0.1",)).check()  # the defaults pass
+
+
+def test_a_sweep_spec_holds_what_it_was_built_with():
+    """The spec keeps copies: a caller's list or dict changed later leaves it as it was built, and it is frozen."""
+    space, overrides = ["label_smoothing=0,0.1"], {"batch_size": "32"}
+    spec = sweeping.SweepSpec("cifar10-94", space=space, overrides=overrides)
+    space.append("lr_per_1024=8:9")
+    overrides["widths"] = "8,16,16"
+    assert spec.space == ("label_smoothing=0,0.1",) and spec.overrides == {"batch_size": "32"}
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
+        spec.trials = 3

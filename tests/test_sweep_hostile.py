@@ -38,8 +38,8 @@ def fake_training(monkeypatch):
     the n-th run of a trial starts (the warm-up, which reports nothing, is not counted)."""
     calls = {"n": 0, "on_run": lambda n: None}
 
-    def train_run(cfg, data, device, seed, *, world=None, on_step=None, on_epoch=None, checkpoints=None,
-                  resume=None, on_scalars=None):
+    def train_run(cfg, data, device, seed, *, world=None, hooks=None, resume=None):
+        on_epoch = None if hooks is None else hooks.on_epoch
         if on_epoch is not None:
             calls["n"] += 1
             calls["on_run"](calls["n"])

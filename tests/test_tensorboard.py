@@ -18,11 +18,13 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import speedrun
 from speedrun.cli.program import main
+from speedrun.engine.loop import RunHooks
 from speedrun.instruments.bench import bench
 from speedrun.recipes import RECIPES, cifar
 from speedrun.recipes.imagenet import data as imagenet_data
 from speedrun.run import runner
 from speedrun.run import tensorboard as boards
+from speedrun.run.prepared import RunRequest
 from speedrun.tricks.schedule import triangle
 
 DATA = "synthetic:train=64,test=16"
@@ -99,8 +101,8 @@ def test_a_two_run_train_writes_one_run_per_seed_that_tensorboard_reads_back(tmp
 
 
 def test_bench_writes_a_run_per_setting_and_seed(tmp_path):
-    report = bench("cifar10-94", vary=[("lookahead", ["false"])], dataset=DATA, device="cpu", runs=2, epochs=1,
-                   overrides=SMALL, log=lambda line: None, tensorboard=tmp_path / "tb")
+    report = bench(RunRequest("cifar10-94", DATA, "cpu", 1, SMALL), vary=[("lookahead", ["false"])], runs=2,
+                   log=lambda line: None, tensorboard=tmp_path / "tb")
     (command,) = (tmp_path / "tb").iterdir()
     assert sorted(p.name for p in command.iterdir()) == ["baseline", "lookahead=false"]
     for setting in report["settings"]:
@@ -151,7 +153,7 @@ def test_the_per_step_hook_changes_nothing_and_gets_every_steps_detached_loss(re
     device = torch.device("cpu")
     plain = family.train_run(cfg, data, device, seed=3)
     seen = []
-    hooked = family.train_run(cfg, data, device, seed=3, on_scalars=lambda *a: seen.append(a))
+    hooked = family.train_run(cfg, data, device, seed=3, hooks=RunHooks(on_scalars=lambda *a: seen.append(a)))
     assert hooked.accuracy == plain.accuracy
     assert [{k: v for k, v in row.items() if k != "train_seconds"} for row in hooked.history] == \
         [{k: v for k, v in row.items() if k != "train_seconds"} for row in plain.history]
@@ -282,7 +284,7 @@ def test_the_python_api_refuses_what_is_no_folder_path(tmp_path):
         with pytest.raises(ValueError, match="tensorboard=.* is not a folder path"):
             speedrun.train("cifar10-94", DATA, device="cpu", tensorboard=bad, **SMALL)
     with pytest.raises(ValueError, match="not a folder path"):
-        bench("cifar10-94", vary=[("lookahead", ["false"])], dataset=DATA, device="cpu", tensorboard=3)
+        bench(RunRequest("cifar10-94", DATA, "cpu"), vary=[("lookahead", ["false"])], tensorboard=3)
 
 
 def test_to_target_refuses_tensorboard_in_one_line(tmp_path, capsys):

@@ -10,6 +10,7 @@ from torch import nn
 from speedrun.models import CifarNet
 from speedrun.recipes import cifar
 from speedrun.recipes.cifar import loop as cifar_loop
+from speedrun.recipes.in_memory import loop as in_memory_loop
 from speedrun.tricks import lookahead as lookahead_mod
 from speedrun.tricks import precision, whitening
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
@@ -138,7 +139,7 @@ def test_lookahead_fused_update_equals_the_per_tensor_rule():
 def test_lookahead_off_never_touches_the_weights(monkeypatch, tiny):
     def boom(*a, **k):
         raise AssertionError("Lookahead used although lookahead=false")
-    monkeypatch.setattr(cifar_loop, "Lookahead", boom)
+    monkeypatch.setattr(in_memory_loop, "Lookahead", boom)  # the shared loop makes the cifar family's
     cifar.train_run(small_cfg(lookahead=False), tiny, CPU, seed=0)
 
 

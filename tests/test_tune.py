@@ -17,6 +17,7 @@ from speedrun.instruments import tune as doctor
 from speedrun.recipes import get_recipe
 from speedrun.records.settings_file import MAX_SETTINGS_BYTES, write_settings
 from speedrun.report import html, markdown
+from speedrun.run.prepared import RunRequest, prepare
 from speedrun.tricks.optimizer_kernel import optimizer_kernel_kwargs
 from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
 
@@ -273,7 +274,9 @@ def test_a_candidate_the_config_refuses_is_reported_not_fatal(tiny):
         cfg.validate()
         return cfg
 
-    failed = doctor._smoke_each(rec.module(), make, ["too big", "fine"], tiny, CPU, lambda line: None)
+    run = prepare(RunRequest("cifar10-94", device="cpu"), join=False)
+    run.data = tiny
+    failed = doctor._smoke_each(run, make, ["too big", "fine"], lambda line: None)
     assert list(failed) == ["too big"] and failed["too big"].startswith("ValueError: ") and "batch_size" in failed[
         "too big"]
 
@@ -336,7 +339,7 @@ def test_a_setting_that_changes_what_auto_resolves_to_is_marked_as_changing_the_
                              for name, _ in steps]}
 
     monkeypatch.setattr(doctor, "bench", fake_bench)
-    report = doctor.tune("cifar10-94", dataset="synthetic:train=64,test=16", device="cpu", runs=2,
+    report = doctor.tune(RunRequest("cifar10-94", "synthetic:train=64,test=16", "cpu"), runs=2,
                          only=["compile"], log=lambda line: None)
     row = next(r for r in report["tune"]["rows"] if r["setting"] == "compile=True,compile_mode=default")
     bf16_here = resolve_system(get_recipe("cifar10-94").make_config(), CPU).precision == "bf16"

@@ -71,3 +71,19 @@ def test_a_family_answering_with_the_wrong_type_fails_the_check(tmp_path, cache)
     assert 'member(s) of Module "fake_bad" have conflicts' in out, out
     assert "def run_steps(cfg: Any, num_train: int) -> int" in out and "-> str" in out, out  # expected, got
     assert "missing following" not in out, out  # every other member found: the family was read, not taken as Any
+
+
+def test_a_family_whose_data_lacks_what_the_runner_reads_fails_the_check(tmp_path, cache):
+    """load_data's answer is TrainingData (family.py): data without num_train, which the runner counts steps
+    with, is refused by the type check, not found missing in the middle of a run."""
+    names = [n for n in cifar.__all__ if n != "load_data"]
+    (tmp_path / "fake_data.py").write_text(
+        _reexport(names) + "\n\nclass Loose:\n    name = 'x'\n    num_classes = 10\n    classes = ['a']\n\n\n"
+        "def load_data(dataset, *, data_dir, image_size, log, smoke=False) -> Loose:\n    return Loose()\n")
+    (tmp_path / "check_fake_data.py").write_text("from speedrun.recipes.family import Family\nimport fake_data\n\n"
+                                                 "family: Family = fake_data\n")
+    done = _mypy([*FLAGS, "check_fake_data.py"], tmp_path, cache,
+                 mypypath=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "check_fake_data.py:4: error" in out, out
+    assert "load_data" in out and "TrainingData" in out, out

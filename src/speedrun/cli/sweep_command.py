@@ -10,7 +10,7 @@ from speedrun import dist
 from speedrun.cli.output import err, out
 from speedrun.cli.user_model import overrides_of, refuse_model_key
 from speedrun.errors import counted
-from speedrun.instruments.sweep import best_settings, sweep
+from speedrun.instruments.sweep import SweepSpec, best_settings, sweep
 from speedrun.instruments.variants import set_text
 from speedrun.records.result_file import check_result_path, claim_result_path, release_result_path
 from speedrun.records.settings_file import write_settings
@@ -114,13 +114,14 @@ def sweep_command(args, argv: list[str]) -> int:
             + (", the best of the trials completed before the sweep stopped" if stopped else "")
             + f"; speedrun train {report['recipe']} --settings {settings_path} applies them)")
 
+    spec = SweepSpec(args.recipe, space=tuple(args.space or ()), trials=args.trials, runs=args.runs,
+                     objective=args.objective, sampler=args.sampler, prune=args.prune, seed=args.seed,
+                     epochs=args.epochs, dataset=args.dataset, data_dir=args.data_dir, device=args.device,
+                     overrides=overrides, storage_url=args.storage, study_name=args.study, resume=args.resume,
+                     db_path=args.db, json_path=args.json, tensorboard_dir=args.tensorboard,
+                     command=dist.command_line(argv))
     try:
-        sweep(args.recipe, space=args.space, trials=args.trials, runs=args.runs, objective=args.objective,
-              dataset=args.dataset, device=args.device, epochs=args.epochs, seed=args.seed, data_dir=args.data_dir,
-              overrides=overrides, storage=args.storage, study=args.study, resume=args.resume, prune=args.prune,
-              sampler=args.sampler, db_path=args.db, json_path=args.json, command=dist.command_line(argv),
-              tensorboard=args.tensorboard, on_report=on_report, on_checked=claim,
-              log=(lambda line: None) if args.quiet else err)
+        sweep(spec, on_report=on_report, on_checked=claim, log=(lambda line: None) if args.quiet else err)
     finally:
         if settings_path is not None and not written:
             release_result_path(settings_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from speedrun.engine.system import resolve_device
 from speedrun.errors import counted
 from speedrun.instruments.ablate import ablate, waterfall
 from speedrun.instruments.bench import bench, recipe_vary, run_and_store
-from speedrun.instruments.bench_loader import TIMED_REGION, bench_loader, int_list, rate_text, versus_text
+from speedrun.instruments.bench_loader import TIMED_REGION, Rounds, bench_loader, int_list, rate_text, versus_text
 from speedrun.instruments.profile import profile
 from speedrun.instruments.to_target import DEFAULT_PROBES, MAX_PROBES, MIN_PROBES, to_target
 from speedrun.instruments.tune import tune
@@ -36,6 +37,7 @@ from speedrun.run import runner as runs
 from speedrun.run.display import EvalProgress
 from speedrun.run.ensemble import evaluate_ensemble, iter_ensemble_predictions
 from speedrun.run.export import evaluate_saved, iter_predictions, model_paths
+from speedrun.run.prepared import RunRequest
 from speedrun.tricks.precision import set_cpu_threads
 
 
@@ -120,12 +122,16 @@ def _bench_lines(report: dict) -> list[str]:
     return lines
 
 
+def _request(args, overrides: dict[str, Any]) -> RunRequest:
+    """What a training command's flags ask for (recipe, --dataset, --device, --epochs, --set, --data-dir)."""
+    return RunRequest(args.recipe, args.dataset, args.device, args.epochs, overrides, args.data_dir)
+
+
 def bench_command(args, argv: list[str]) -> int:
     vary, overrides = recipe_vary(args.recipe, args.vary), overrides_of(args)
     refuse_model_key({key for key, _ in vary}, "--vary")
     report, path, stored = _run_and_store(args, argv, "bench", lambda log: bench(
-        args.recipe, vary=vary, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed,
-        epochs=args.epochs, data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard))
+        _request(args, overrides), vary=vary, runs=args.runs, seed=args.seed, log=log, tensorboard=args.tensorboard))
     if path is None:  # a torchrun process other than rank 0
         return diverged_exit(report, quiet=True)
     for line in _bench_lines(report):
@@ -183,9 +189,9 @@ def ablate_command(args, argv: list[str]) -> int:
     order = None if args.waterfall is None else [k.strip() for k in args.waterfall.split(",") if k.strip()]
 
     def make(log):
-        common = dict(runs=args.runs, dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs,
-                      data_dir=args.data_dir, overrides=overrides, log=log, tensorboard=args.tensorboard)
-        return waterfall(args.recipe, order, **common) if order is not None else ablate(args.recipe, **common)
+        request = _request(args, overrides)
+        common = dict(runs=args.runs, seed=args.seed, log=log, tensorboard=args.tensorboard)
+        return waterfall(request, order, **common) if order is not None else ablate(request, **common)
 
     report, path, stored = _run_and_store(args, argv, "waterfall" if order is not None else "ablate", make)
     if path is None:  # a torchrun process other than rank 0
@@ -233,9 +239,7 @@ def to_target_command(args, argv: list[str]) -> int:
     # checked before run_and_store opens the database and claims the report file
     check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
     report, path, stored = _run_and_store(args, argv, "to-target", lambda log: to_target(
-        args.recipe, runs=args.runs, max_probes=max_probes,
-        dataset=args.dataset, device=args.device, seed=args.seed, epochs=args.epochs, data_dir=args.data_dir,
-        overrides=overrides, log=log))
+        _request(args, overrides), runs=args.runs, max_probes=max_probes, seed=args.seed, log=log))
     bad = [(v["name"], v["diverged"]) for v in report["variants"] if v["diverged"]]
     if path is None:  # a torchrun process other than rank 0
         return EXIT_DIVERGED if bad else 0
@@ -373,9 +377,9 @@ def bench_loader_command(args, argv: list[str] | None = None) -> int:
     res = int_list(args.res, "--res", 8, 1024)
 
     def make() -> dict:
-        report = bench_loader(args.dir, split=args.split, workers=workers, res=res, batch=args.batch,
-                              batches=args.batches, runs=args.runs, decode_px=args.decode_px, device=args.device,
-                              baseline=args.baseline, decoder=args.decoder, log=_log)
+        rounds = Rounds(batch_size=args.batch, timed_batches=args.batches, runs=args.runs)
+        report = bench_loader(args.dir, rounds, split=args.split, workers=workers, res=res, decode_px=args.decode_px,
+                              device=args.device, baseline=args.baseline, decoder=args.decoder, log=_log)
         report["command"] = " ".join(["speedrun", *(sys.argv[1:] if argv is None else argv)])
         return report
 
@@ -440,10 +444,10 @@ def profile_lines(report: dict) -> list[str]:
 def profile_command(args, argv: list[str]) -> int:
 
     def make() -> dict:
-        report = profile(args.recipe, dataset=args.dataset, device=args.device, data_dir=args.data_dir,
-                         image_size=args.image_size, overrides=overrides_of(args), active=args.steps,
-                         seed=args.seed, trace="auto" if args.trace is None else args.trace, strict=args.strict,
-                         log=_log)
+        request = RunRequest(args.recipe, args.dataset, args.device, None, overrides_of(args), args.data_dir,
+                             args.image_size)
+        report = profile(request, active=args.steps, seed=args.seed, trace="auto" if args.trace is None else args.trace,
+                         strict=args.strict, log=_log)
         return {**report, "command": dist.command_line(argv)}
 
     report, json_path = _report_to(args.json, make)
@@ -507,8 +511,7 @@ def tune_command(args, argv: list[str]) -> int:
     written = False
     try:
         report, path, stored = _run_and_store(args, argv, "tune", lambda log: tune(
-            args.recipe, dataset=args.dataset, device=args.device, runs=args.runs, seed=args.seed, epochs=args.epochs,
-            data_dir=args.data_dir, overrides=overrides, only=only, log=log))
+            _request(args, overrides), runs=args.runs, seed=args.seed, only=only, log=log))
         for line in tune_lines(report):
             out(line)
         err(f"report: {path} ({_stored_text(stored)})")

@@ -21,8 +21,10 @@ are gathers, so the batches are bit for bit those of standardizing each batch af
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +84,47 @@ def epochs_for_steps(steps: int, num_examples: int, batch_size: int, drop_last: 
     return epochs
 
 
+@dataclass(frozen=True)
+class Normalization:
+    """How a batch of uint8 images (N, C, H, W) reaches the network: standardized by the training set's channel
+    statistics (mean, std: (C,) float32, [0, 1] units; channel_stats), in `dtype`, and in channels_last memory
+    order when asked."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    def to(self, device: torch.device) -> Normalization:
+        """The statistics on `device`, copied there once (normalize refuses them anywhere else)."""
+        return dataclasses.replace(self, mean=self.mean.to(device), std=self.std.to(device))
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return normalize(images, self.mean, self.std, self.dtype, self.channels_last)
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """The training batches' augmentations (data/augment.py): flip ("none", "random", "alternating"), a random
+    translation of up to translate_px with reflect padding, and the sides of cutout's zeroed and cutmix's pasted
+    squares (0 = off)."""
+
+    flip: str = "none"
+    translate_px: int = 0
+    cutout_px: int = 0
+    cutmix_px: int = 0
+
+    def check(self, h: int, w: int) -> None:
+        """Refuse (ValueError, one line) a setting that cannot augment h x w images."""
+        if self.flip not in augment.FLIP_MODES:
+            raise ValueError(f"flip must be one of {augment.FLIP_MODES}, got {self.flip!r}")
+        for name, px in (("translate_px", self.translate_px), ("cutout_px", self.cutout_px),
+                         ("cutmix_px", self.cutmix_px)):
+            limit = min(h, w) - 1 if name == "translate_px" else min(h, w)  # reflect padding: narrower than the image
+            if not 0 <= px <= limit:
+                raise ValueError(f"{name} must be in [0, {limit}] for {h}x{w} images, got {px}")
+
+
 def _generator(seed: int, stream: int) -> torch.Generator:
     # Distinct streams per (seed, epoch); the multiplier is a large prime so nearby seeds do not collide.
     return torch.Generator().manual_seed((seed * 1_000_003 + stream) % (2**63))
@@ -90,35 +133,28 @@ def _generator(seed: int, stream: int) -> torch.Generator:
 class DeviceLoader:
     """Iterates `steps` training batches of (inputs, targets), all on `device`.
 
-    images: (N, C, H, W) uint8; labels: (N,) int64. inputs: (B, C, H, W) `dtype`, standardized by the training
-    set's channel statistics mean, std (C,), which are kept on the device (`self.mean`, `self.std`). targets:
-    (B,) int64 labels, or (B, K) float probabilities when cutmix is on.
+    images: (N, C, H, W) uint8; labels: (N,) int64. inputs: (B, C, H, W) as `normalization` makes them (its
+    statistics kept on the device: `self.normalization`), augmented as `augmentation` says. targets: (B,) int64
+    labels, or (B, K) float probabilities when cutmix is on.
     share: under torchrun, this process's slice of every global batch (dist.share): every process cuts the same
     global batches from the same permutation and keeps its part, so K processes see exactly the examples, and the
     augmentations, of one process.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, epochs: float,
-                 num_classes: int, device: torch.device, mean: torch.Tensor, std: torch.Tensor,
-                 dtype: torch.dtype = torch.float32, channels_last: bool = False, flip: str = "none",
-                 translate_px: int = 0, cutout_px: int = 0, cutmix_px: int = 0, seed: int = 0,
-                 share: slice | None = None, drop_last: bool = False):
+                 num_classes: int, device: torch.device, normalization: Normalization,
+                 augmentation: Augmentation = Augmentation(), seed: int = 0, share: slice | None = None,
+                 drop_last: bool = False):
         n, _, h, w = images.shape
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if flip not in augment.FLIP_MODES:
-            raise ValueError(f"flip must be one of {augment.FLIP_MODES}, got {flip!r}")
-        for name, px in (("translate_px", translate_px), ("cutout_px", cutout_px), ("cutmix_px", cutmix_px)):
-            limit = min(h, w) - 1 if name == "translate_px" else min(h, w)
-            if not 0 <= px <= limit:
-                raise ValueError(f"{name} must be in [0, {limit}] for {h}x{w} images, got {px}")
+        augmentation.check(h, w)
         self.images = images.to(device)
         self.labels = labels.to(device)
         self.batch_size, self.num_classes, self.device = batch_size, num_classes, device
-        self.mean, self.std = mean.to(device), std.to(device)
-        self.dtype, self.channels_last = dtype, channels_last
+        self.normalization = normalization.to(device)
         self._standardized: torch.Tensor | None = None  # the whole set in dtype and layout, made at the first batch
-        self.flip, self.translate_px, self.cutout_px, self.cutmix_px = flip, translate_px, cutout_px, cutmix_px
+        self.augmentation = augmentation
         self.seed, self.share = seed, share
         self.drop_last = drop_last and n >= batch_size  # (steps_for: an epoch of no whole batch drops nothing)
         self.steps = steps_for(epochs, n, batch_size, drop_last)
@@ -138,7 +174,7 @@ class DeviceLoader:
     def standardized(self) -> torch.Tensor:
         """The training set standardized in the run's dtype and layout (N, C, H, W), made once."""
         if self._standardized is None:
-            self._standardized = normalize(self.images, self.mean, self.std, self.dtype, self.channels_last)
+            self._standardized = self.normalization(self.images)
         return self._standardized
 
     def _epoch(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,13 +182,14 @@ class DeviceLoader:
         n, _, h, w = self.images.shape
         g = _generator(self.seed, epoch)
         perm = torch.randperm(n, generator=g)
-        base = self._flip_base if self.flip == "alternating" else torch.rand(n, generator=g) < 0.5
-        mask = augment.flip_mask(base, epoch, self.flip)
-        p = self.translate_px
+        aug = self.augmentation
+        base = self._flip_base if aug.flip == "alternating" else torch.rand(n, generator=g) < 0.5
+        mask = augment.flip_mask(base, epoch, aug.flip)
+        p = aug.translate_px
         dy, dx = torch.randint(-p, p + 1, (2, n), generator=g)
         # (4, N): cutout top, left; cutmix top, left. Each square lies wholly inside the image.
         corners = torch.stack([torch.randint(0, dim - size + 1, (n,), generator=g)
-                               for size in (self.cutout_px, self.cutmix_px) for dim in (h, w)])
+                               for size in (aug.cutout_px, aug.cutmix_px) for dim in (h, w)])
         flips = torch.zeros(n, dtype=torch.int64) if mask is None else mask[perm].long()
         # (8, N) int64: every draw of the epoch in one copy to the device (one synchronization, not five)
         draws = torch.cat([perm.view(1, n), flips.view(1, n), dy.view(1, n), dx.view(1, n), corners])
@@ -164,19 +201,19 @@ class DeviceLoader:
         x = self.standardized()[perm_d]  # (N, C, H, W), in this epoch's order
         x = augment.hflip(x, None if mask is None else flips_d.bool())
         x = augment.translate(x, dy_d, dx_d, p)
-        if self.channels_last:  # the gathers give NCHW; a batch is a slice of this, so its layout is set here
+        if self.normalization.channels_last:  # the gathers give NCHW; a batch is a slice of this, laid out here
             x = x.contiguous(memory_format=torch.channels_last)
         return x, self.labels[perm_d], corners_d
 
     def _finish(self, x: torch.Tensor, y: torch.Tensor, corners: torch.Tensor):
         """Per batch: cutout and cutmix (which act on standardized values); nothing when both are off."""
-        x = augment.cutout(x, corners[0], corners[1], self.cutout_px)
-        if self.cutmix_px == 0:
+        x = augment.cutout(x, corners[0], corners[1], self.augmentation.cutout_px)
+        if self.augmentation.cutmix_px == 0:
             return x, y
         targets = F.one_hot(y, self.num_classes).float()
         # Partner of each image: its neighbour in the (already random) batch order.
         partner = torch.roll(torch.arange(len(x), device=x.device), 1)
-        return augment.cutmix(x, targets, partner, corners[2], corners[3], self.cutmix_px)
+        return augment.cutmix(x, targets, partner, corners[2], corners[3], self.augmentation.cutmix_px)
 
     def __len__(self) -> int:
         return self.steps
@@ -213,7 +250,7 @@ class DeviceLoader:
             s = self.share
             if s is None:
                 yield self._finish(bx, by, bc)
-            elif self.cutmix_px == 0:  # per-image work (cutout): only this process's share gets it
+            elif self.augmentation.cutmix_px == 0:  # per-image work (cutout): only this process's share gets it
                 yield self._finish(bx[s], by[s], bc[:, s])
             else:  # cutmix pairs each image with its neighbour in the global batch, across shares
                 inputs, targets = self._finish(bx, by, bc)

@@ -29,13 +29,14 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
-from speedrun.data.loader import steps_for
+from speedrun.data.loader import Normalization, steps_for
 from speedrun.data.shards import Shards, check_listed, repair_advice
 
 MAX_DECODE_SIDE_PX = 8192  # a shard's JPEG is prepared at <= 8192 px (data/prepare.py); larger is not ours
@@ -231,8 +232,8 @@ def center_boxes(sizes: torch.Tensor, crop_ratio: float) -> torch.Tensor:
 
 
 def crop_resize(images: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor | None, res: int,
-                mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """uint8 (B, 3, D, D) on the device -> standardized `dtype` (B, 3, res, res): each box cut out, resized
+                normalization: Normalization) -> torch.Tensor:
+    """uint8 (B, 3, D, D) on the device -> (B, 3, res, res) as `normalization` says: each box cut out, resized
     bilinearly to res x res, mirrored where `flips`. boxes: (B, 4) fractions (x0, y0, w, h); flips: (B,) bool."""
     boxes = boxes.to(images.device)
     x0, y0, w, h = boxes.unbind(1)
@@ -244,9 +245,9 @@ def crop_resize(images: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor |
     theta = torch.stack([torch.stack([sx, zeros, tx], 1), torch.stack([zeros, h, ty], 1)], 1)  # (B, 2, 3)
     grid = F.affine_grid(theta, [len(images), 3, res, res], align_corners=False)
     x = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
-    x = (x / 255 - mean.to(x.device).view(1, -1, 1, 1)) / std.to(x.device).view(1, -1, 1, 1)
-    x = x.to(dtype)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    mean, std = normalization.mean.to(x.device), normalization.std.to(x.device)
+    x = ((x / 255 - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)).to(normalization.dtype)
+    return x.contiguous(memory_format=torch.channels_last) if normalization.channels_last else x
 
 
 class _Steps(torch.utils.data.Sampler):
@@ -264,34 +265,54 @@ class _Steps(torch.utils.data.Sampler):
             yield (indices if self.share is None else indices[self.share]).tolist()
 
 
+@dataclass(frozen=True)
+class CropAndFlip:
+    """The training augmentation, drawn per global batch and applied on the device: a random-resized crop whose
+    area is a uniform fraction of the image in crop_area_frac (min, max) (random_resized_boxes), and, when flip,
+    a horizontal mirror of each image with probability 1/2."""
+
+    flip: bool = True
+    crop_area_frac: tuple[float, float] = (0.08, 1.0)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How the JPEGs become pixels. workers: DataLoader worker processes (0: decode in the loading process), each
+    holding prefetch_batches batches in flight. Pillow decodes each image to a decode_px square in the workers; with
+    device_decode (device_decoder()) the workers only read and check each JPEG and the device decodes the batch."""
+
+    decode_px: int = 256
+    workers: int = 0
+    prefetch_batches: int = 2
+    device_decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.decode_px <= 1024:
+            raise ValueError(f"decode_px must be in [8, 1024], got {self.decode_px}")
+        if not 0 <= self.workers <= 256:
+            raise ValueError(f"workers must be in [0, 256], got {self.workers}")
+
+
 class ShardLoader:
     """Training batches (inputs, targets) on `device` from prepared shards, `steps` of them for `epochs`.
 
     res_at(step) -> px: the training resolution of each step (progressive resizing); it may change at any step.
-    workers: DataLoader worker processes (0: decode in this process). share: this process's slice of every global
-    batch (dist.share), or None for one process.
+    normalization: the inputs' standardization, dtype and layout. share: this process's slice of every global batch
+    (dist.share), or None for one process.
     """
 
     def __init__(self, root: str, split: str, *, batch_size: int, epochs: float, device: torch.device,
-                 mean: torch.Tensor, std: torch.Tensor, res_at: Callable[[int], int], decode_px: int = 256,
-                 workers: int = 0, dtype: torch.dtype = torch.float32, channels_last: bool = False,
-                 flip: bool = True, scale: tuple[float, float] = (0.08, 1.0), seed: int = 0,
-                 share: slice | None = None, prefetch_batches: int = 2,
-                 device_decode: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None):
-        if not 8 <= decode_px <= 1024:
-            raise ValueError(f"decode_px must be in [8, 1024], got {decode_px}")
-        if not 0 <= workers <= 256:
-            raise ValueError(f"workers must be in [0, 256], got {workers}")
-        # device_decode (device_decoder()): the workers only read and check each JPEG; the device decodes the batch.
-        self.device_decode = device_decode
-        self.dataset = ShardImages(root, split, decode_px, raw=device_decode is not None)
+                 res_at: Callable[[int], int], normalization: Normalization,
+                 augmentation: CropAndFlip = CropAndFlip(), decoding: Decoding = Decoding(), seed: int = 0,
+                 share: slice | None = None):
+        self.decoding = decoding
+        self.dataset = ShardImages(root, split, decoding.decode_px, raw=decoding.device_decode is not None)
         if len(self.dataset) == 0:
             raise ValueError(f"the {split} split in {root} has no images; run speedrun data "
                              "prepare on a folder with images")
-        self.batch_size, self.device, self.mean, self.std = batch_size, device, mean, std
-        self.res_at, self.workers, self.dtype, self.channels_last = res_at, workers, dtype, channels_last
-        self.flip, self.scale, self.seed, self.share = flip, scale, seed, share
-        self.prefetch_batches = prefetch_batches
+        self.batch_size, self.device, self.res_at = batch_size, device, res_at
+        self.normalization = normalization
+        self.augmentation, self.seed, self.share = augmentation, seed, share
         self.steps = steps_for(epochs, len(self.dataset), batch_size)
 
     @property
@@ -316,23 +337,24 @@ class ShardLoader:
         share = self.share or slice(0, b)
         full = torch.ones(self.batch_size, 2, dtype=torch.int64)
         full[share] = sizes
-        boxes = random_resized_boxes(full, gen, self.scale)[share]
-        flips = (torch.rand(self.batch_size, generator=gen) < 0.5)[share] if self.flip else None
+        boxes = random_resized_boxes(full, gen, self.augmentation.crop_area_frac)[share]
+        flips = (torch.rand(self.batch_size, generator=gen) < 0.5)[share] if self.augmentation.flip else None
         return boxes, flips
 
     def batches(self, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of steps start_step ... steps - 1; each a pure function of (seed, step)."""
         sampler = _Steps(self.num_examples, self.batch_size, self.seed, start_step, self.steps, self.share)
         pin = self.device.type == "cuda"
+        workers = self.decoding.workers
         loader = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=sampler, num_workers=self.workers, collate_fn=_identity, pin_memory=pin,
-            prefetch_factor=self.prefetch_batches if self.workers else None, persistent_workers=False)
+            self.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=_identity, pin_memory=pin,
+            prefetch_factor=self.decoding.prefetch_batches if workers else None, persistent_workers=False)
         pending: list[tuple[int, tuple]] = []
         step = start_step
         for images, labels, sizes in loader:
             # Copy this batch while the previous one trains (non-blocking from pinned memory). Encoded images stay
             # on the host: the decoder takes host bytes and writes its output on the device.
-            if self.device_decode is None:
+            if self.decoding.device_decode is None:
                 images = images.to(self.device, non_blocking=pin)
             pending.append((step, (images, labels.to(self.device, non_blocking=pin), sizes)))
             step += 1
@@ -345,14 +367,15 @@ class ShardLoader:
         images, labels, sizes = batch
         boxes, flips = self._augment(step, sizes)
         res = self.res_at(step)
-        if self.device_decode is None:
-            return crop_resize(images, boxes, flips, res, self.mean, self.std, self.dtype, self.channels_last), labels
+        device_decode = self.decoding.device_decode
+        if device_decode is None:
+            return crop_resize(images, boxes, flips, res, self.normalization), labels
         # Decoded at their own sizes: each image is cropped from itself (the same boxes as the Pillow path).
-        decoded = self.device_decode(images)  # b x (3, H, W) uint8
-        out = [crop_resize(img[None], boxes[k:k + 1], None if flips is None else flips[k:k + 1], res, self.mean,
-                           self.std, self.dtype, self.channels_last) for k, img in enumerate(decoded)]
+        decoded = device_decode(images)  # b x (3, H, W) uint8
+        out = [crop_resize(img[None], boxes[k:k + 1], None if flips is None else flips[k:k + 1], res,
+                           self.normalization) for k, img in enumerate(decoded)]
         x = torch.cat(out)
-        return (x.contiguous(memory_format=torch.channels_last) if self.channels_last else x), labels
+        return (x.contiguous(memory_format=torch.channels_last) if self.normalization.channels_last else x), labels
 
 
 def eval_batches(dataset: ShardImages, *, batch_size: int, res: int, crop_ratio: float, device: torch.device,
@@ -363,9 +386,10 @@ def eval_batches(dataset: ShardImages, *, batch_size: int, res: int, crop_ratio:
     positions = list(range(len(dataset)))[part or slice(None)]
     batches = [positions[i:i + batch_size] for i in range(0, len(positions), batch_size)]
     pin = device.type == "cuda"
+    normalization = Normalization(mean, std, dtype, channels_last)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=workers,
                                          collate_fn=_identity, pin_memory=pin)
     for images, labels, sizes in loader:
         images = images.to(device, non_blocking=pin)
-        yield (crop_resize(images, center_boxes(sizes, crop_ratio), None, res, mean, std, dtype, channels_last),
+        yield (crop_resize(images, center_boxes(sizes, crop_ratio), None, res, normalization),
                labels.to(device, non_blocking=pin))

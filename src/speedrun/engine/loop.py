@@ -1,5 +1,6 @@
 """What every family's training loop shares: the timer, the run's result, stop-at-step-end, the finite-loss guard
-and evaluation. Each family writes its own loop out (recipes/<family>/loop.py) and calls these pieces."""
+and evaluation. A family's loop (recipes/imagenet/loop.py; the in-memory families' one, recipes/in_memory/loop.py)
+is written out top to bottom and calls these pieces."""
 
 from __future__ import annotations
 
@@ -18,11 +19,27 @@ import torch
 from torch import nn
 
 from speedrun import dist
-from speedrun.data.loader import normalize
+from speedrun.data.loader import Normalization
 from speedrun.engine.phases import phase
 from speedrun.engine.system import rng_state, set_rng_state, synchronize
 from speedrun.errors import Terminated, counted
 from speedrun.tricks.tta import VIEWS, selective_tta_logits, tta_logits
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What a family's train_run tells its caller as a run goes, and keeps for it (the family contract's one
+    per-run argument besides the world and the state to resume; recipes/family.py). Every field may be None.
+
+    on_step(done, total): after each optimizer step (a progress bar). on_epoch(row): each row of the per-epoch
+    table. on_scalars(step, loss, loss_scale, lr): each step's numbers (Steps.after says what each is; the
+    TensorBoard log). checkpoints: run/resume.py's Checkpoints (a layer above this one: Any here), which save the
+    training state every N steps, at the last step and on a signal."""
+
+    on_step: Callable[[int, int], None] | None = None
+    on_epoch: Callable[[dict], None] | None = None
+    on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None
+    checkpoints: Any = None
 
 
 @dataclass
@@ -375,11 +392,10 @@ class Steps:
     loss_scale (loss * loss_scale is the mean per example of this process's share) and the lr. Without it the
     loop does nothing more than it would."""
 
-    def __init__(self, timer: Timer, total_steps: int, *, checkpoints=None,
-                 on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None,
-                 on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None):
-        self.timer, self.total_steps, self.checkpoints = timer, total_steps, checkpoints
-        self.on_step, self.on_epoch, self.on_scalars = on_step, on_epoch, on_scalars
+    def __init__(self, timer: Timer, total_steps: int, hooks: RunHooks | None = None):
+        hooks = hooks or RunHooks()
+        self.timer, self.total_steps, self.checkpoints = timer, total_steps, hooks.checkpoints
+        self.on_step, self.on_epoch, self.on_scalars = hooks.on_step, hooks.on_epoch, hooks.on_scalars
 
     def after(self, state: LoopState, epoch: float, stopping: bool, *, batch_row: Callable[[float], dict],
               table_row: Callable[[float], dict] | None = None, loss: torch.Tensor | None = None,
@@ -450,11 +466,11 @@ def untimed_warmup(device: torch.device, compile: bool, run: Callable[[], object
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, mean: torch.Tensor,
-             std: torch.Tensor, dtype: torch.dtype, channels_last: bool, tta_level: int,
-             batch_size: int = 2000, autocast=None, world: dist.World | None = None,
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, normalization: Normalization,
+             tta_level: int, batch_size: int = 2000, autocast=None, world: dist.World | None = None,
              tta_select: float | None = 0.0, on_batch: Callable[[int], object] | None = None) -> float:
-    """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device.
+    """Top-1 accuracy (fraction) of `model` in eval mode on uint8 images (N, C, H, W) already on the device, each
+    batch made by `normalization` (its statistics on that device).
 
     Under torchrun each process scores a contiguous 1/K of the images and the counts are summed. `model` must be
     the bare (or compiled) module, not DDP's wrapper, whose forward would synchronize buffers across processes
@@ -472,7 +488,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
     with phase("evaluation"):
         if tta_level and tta_select and 0 < tta_select < 1:  # two passes: plain for all, views for the selected
             def inputs(idx: torch.Tensor) -> torch.Tensor:
-                return normalize(images[lo + idx.to(images.device)], mean, std, dtype, channels_last)
+                return normalization(images[lo + idx.to(images.device)])
 
             if hi > lo:  # under torchrun with fewer test images than processes, a share may hold none
                 with amp():
@@ -483,7 +499,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, me
         else:
             for start in range(lo, hi, batch_size):
                 stop = min(start + batch_size, hi)
-                x = normalize(images[start:stop], mean, std, dtype, channels_last)
+                x = normalization(images[start:stop])
                 with amp():
                     logits = tta_logits(model, x, tta_level)
                 counts[0] += (logits.argmax(1) == labels[start:stop]).sum()

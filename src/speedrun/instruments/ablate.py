@@ -21,21 +21,23 @@ from __future__ import annotations
 from speedrun.engine.system import resolve_device
 from speedrun.instruments import bench as benching
 from speedrun.instruments.variants import set_text, split_tricks
+from speedrun.recipes import get_recipe
 from speedrun.records.stats import mean_diff_test
-from speedrun.run import runner
+from speedrun.run.prepared import RunRequest, make_config
 
 
-def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
-    """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution."""
-    rec = runner.get_recipe(recipe)
+def ablate(request: RunRequest, *, runs: int = 3, **bench_kwargs) -> dict:
+    """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution;
+    bench_kwargs: bench()'s seed, log and tensorboard."""
+    rec = get_recipe(request.recipe)
     family = rec.module()
-    base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
-    dev = resolve_device(bench_kwargs.get("device", "auto"))
+    base = make_config(rec, request.epochs, request.overrides)
+    dev = resolve_device(request.device)
     idle = family.idle_tricks(base)
     measured, off = split_tricks(family.TRICKS, base, dev, idle)
     already_off = [{"trick": key, "off": value, "what": what, "measured": False, "idle": key in idle}
                    for key, value, what in off]
-    report = benching.bench(recipe, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
+    report = benching.bench(request, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
                             **bench_kwargs)
     report["benchmark"] = "ablate"
     by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
@@ -55,17 +57,18 @@ def ablate(recipe: str, *, runs: int = 3, **bench_kwargs) -> dict:
     return report
 
 
-def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
+def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
     """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
-    rec = runner.get_recipe(recipe)
+    recipe = request.recipe
+    rec = get_recipe(recipe)
     family = rec.module()
     offs = {key: off for key, off, _ in family.TRICKS}
     unknown = [key for key in order if key not in offs]
     if unknown or len(set(order)) != len(order) or not order:
         raise ValueError(f"--waterfall takes distinct registered tricks, comma-separated; unknown or repeated: "
                          f"{', '.join(unknown) or ', '.join(order)}; registered: {', '.join(offs)}")
-    base = runner.make_config(rec, bench_kwargs.get("epochs"), dict(bench_kwargs.get("overrides") or {}))
-    dev = resolve_device(bench_kwargs.get("device", "auto"))
+    base = make_config(rec, request.epochs, request.overrides)
+    dev = resolve_device(request.device)
     _, off_in_base = split_tricks([t for t in family.TRICKS if t[0] in order], base, dev, family.idle_tricks(base))
     already = [key for key in order if key in {t[0] for t in off_in_base}]
     if already:
@@ -78,7 +81,7 @@ def waterfall(recipe: str, order: list[str], *, runs: int = 3, **bench_kwargs) -
     for key in order:
         off.pop(key)
         steps.append((f"+ {key}", dict(off)))
-    report = benching.bench(recipe, steps=steps, runs=runs, **bench_kwargs)
+    report = benching.bench(request, steps=steps, runs=runs, **bench_kwargs)
     report["benchmark"] = "waterfall"
     report["tricks_added"], rows, previous = order, [], None
     for s in report["settings"]:

@@ -16,7 +16,7 @@ in the results database as a training result of their own, and the bench itself 
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import random
 import time
 from collections.abc import Callable
@@ -25,18 +25,17 @@ from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int, field_types
-from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
-from speedrun.engine.system import resolve_device, resolve_system
+from speedrun.engine.system import resolve_device
 from speedrun.errors import note_kept, print_line, warn
+from speedrun.recipes import get_recipe
 from speedrun.records import db, debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (check_result_path, claim_result_path, default_result_path, portable,
                                           release_result_path, write_json)
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, mean_diff_test, summarize
-from speedrun.run import runner
 from speedrun.run import tensorboard as boards
-from speedrun.tricks.precision import default_cpu_threads
+from speedrun.run.prepared import MAX_RUNS, RunRequest, prepare
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
@@ -56,7 +55,7 @@ def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> li
 
 def recipe_vary(recipe: str, items: list[str]) -> list[tuple[str, list[str]]]:
     """parse_vary for `recipe`: its config's tuple-valued keys take ';' between values."""
-    rec = runner.get_recipe(recipe)
+    rec = get_recipe(recipe)
     tuple_keys = frozenset(k for k, t in field_types(type(rec.make_config())).items()
                            if getattr(t, "__origin__", None) is tuple)
     return parse_vary(items, tuple_keys)
@@ -97,9 +96,8 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None, 
     tensorboard.Board (rank 0's, with --tensorboard) that gets the run as <setting>/seed-<n>."""
     with boards.run_log(board, cfg, seed=seed, dataset=dataset, steps=family.run_steps(cfg, data.num_train),
                          setting=name) as scalars:
-        hooks = {} if scalars is None else {"on_epoch": scalars.row, "on_scalars": scalars.scalars}
         try:
-            run = family.train_run(cfg, data, dev, seed, world=world, **hooks)
+            run = family.train_run(cfg, data, dev, seed, world=world, hooks=boards.run_hooks(scalars))
         except Diverged as e:
             log(f"warning: {name}, seed {seed}: {e}")
             run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
@@ -156,46 +154,42 @@ def round_orders(count: int, rounds: int, seed: int) -> list[list[int]]:
     return orders
 
 
-def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
-          steps: list[tuple[str, dict[str, Any]]] | None = None, dataset: str | None = None, device: str = "auto",
-          runs: int = 3, seed: int = 0, epochs: float | None = None, data_dir=None, image_size=None,
-          overrides: dict[str, Any] | None = None, log=print_line, tensorboard=None) -> dict:
-    """Train the baseline and every --vary setting `runs` times, interleaved; return the report (see module).
+def bench(request: RunRequest, *, vary: list[tuple[str, list[str]]] | None = None,
+          steps: list[tuple[str, dict[str, Any]]] | None = None, runs: int = 3, seed: int = 0,
+          log: Callable[[str], None] = print_line, tensorboard: str | os.PathLike | None = None) -> dict:
+    """Train the baseline (the request's config) and every --vary setting `runs` times, interleaved; return the
+    report (see module).
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
     waterfall of ablate.py: cumulative configs).
     tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
     made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged)."""
-    rec = runner.get_recipe(recipe)
-    family = rec.module()
-    runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    run = prepare(request, join=False)
+    rec, family = run.recipe, run.family
+    runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
     if steps is None:
-        steps = [("baseline", {})] + [(f"{key}={value}", {key: value}) for key, values in vary for value in values]
+        steps = [("baseline", {})] + [(f"{key}={value}", {key: value})
+                                      for key, values in vary or [] for value in values]
     settings = []
     for name, changes in steps:
-        cfg = runner.make_config(rec, epochs, {**(overrides or {}), **changes})
+        cfg = run.config(changes)
         if all(cfg != c for _, _, c in settings):  # a value that changes nothing (the baseline's own) is left out
             settings.append((name, changes, cfg))
     base = settings[0][2]
     if len(settings) == 1:
         raise ValueError("every --vary value equals the baseline's; give values that change the config")
-    world = dist.from_env()
-    dev = dist.device_for(world, resolve_device(device))
-    dataset = rec.default_dataset if dataset is None else dataset
-    world = dist.init(world, dev)  # under torchrun every run is one run of all K processes (runs.train's)
+    world, dev = run.join(), run.device  # under torchrun every run is one run of all K processes (train's)
     results: dict[str, list[RunResult]] = {name: [] for name, _, _ in settings}
     order = []
     interrupt, clean, board = None, False, None
     try:
         if tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
             board = dist.main_first(world, lambda: boards.open_board(tensorboard, rec.name), everyone=False)
-        data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir,
-                                                              image_size=image_size, log=log))
+        data = run.load(log)
         for i, (_, _, cfg) in enumerate(settings):
-            for message in family.check(cfg, data, dev, world):
-                if i == 0:  # the baseline's notes, as train shows them (the settings' are alike, or their own)
-                    warn(message)
+            # the baseline's warnings, as train shows them (the settings' are alike, or their own)
+            run.checked(cfg, quiet=i > 0)
         warmups = {}
         for name, _, cfg in settings:
             log(f"warm-up (untimed): {name}")
@@ -205,7 +199,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                 for name, _, cfg in (settings[i] for i in places):
                     log(f"round {r + 1}/{runs}: {name} (seed {seed + r})")
                     results[name].append(measured_run(family, cfg, data, dev, seed + r, name, log, world, board,
-                                                      dataset))
+                                                      run.dataset))
                     order.append({"round": r, "setting": name, "seed": seed + r})
         except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
             if not order:                               # make a partial report, marked as such (then e is raised)
@@ -219,7 +213,7 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
     env, stop = environment(dev), stopped_by(interrupt)
     base_name = settings[0][0]
     base_runs = results[base_name]
-    report = {"benchmark": "bench", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
+    report = {"benchmark": "bench", "recipe": rec.name, "dataset": run.dataset, "device": dev.type, "runs": runs,
               "world": world.to_dict(), **stop,
               "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
@@ -229,16 +223,8 @@ def bench(recipe: str, *, vary: list[tuple[str, list[str]]] | None = None,
                             "versus_baseline": None if name == base_name else _versus(results[name], base_runs),
                             "runs": [r.to_dict() for r in results[name]]}
                            for name, changes, _ in settings]}
-    report["results"] = [runner.Result(recipe=rec.name, dataset=dataset, device=dev.type,
-                                       config=dataclasses.asdict(cfg), runs=results[name], environment=env,
-                                       runs_requested=runs, complete=interrupt is None,
-                                       interrupted=stop["interrupted"],
-                                       timed_region=family.timed_region(cfg),
-                                       world=world.to_dict(), command=f"bench {name}",
-                                       flops=runner.count_flops(family, cfg, data),
-                                       precision=resolve_system(cfg, dev).precision,
-                                       peaks=peak.cached(dev, env["device_name"],
-                                                         cfg.cpu_threads or default_cpu_threads())).to_dict()
+    report["results"] = [run.result(results[name], cfg, env=env, runs_requested=runs, complete=interrupt is None,
+                                    interrupted=stop["interrupted"], command=f"bench {name}").to_dict()
                          for name, _, cfg in settings]
     return report
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +29,9 @@ import torch
 from PIL import Image
 
 from speedrun.data import folder, limits
+from speedrun.data.loader import Normalization
 from speedrun.data.prepare import list_source
-from speedrun.data.shard_loader import ShardLoader, device_decoder, random_resized_boxes
+from speedrun.data.shard_loader import Decoding, ShardLoader, device_decoder, random_resized_boxes
 from speedrun.data.shards import (CLASSES, PREPARED_FORMAT, Shards, listed_splits, read_classes, read_manifest,
                                   unlisted_split)
 from speedrun.engine.loop import Timer
@@ -65,6 +67,23 @@ def _check(name: str, value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must be {low} to {high}, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How much each measurement reads and how often it is repeated: timed_batches batches of batch_size images
+    (after an untimed warm-up), every setting once per round, `runs` interleaved rounds; round r's batches are
+    drawn with seed + r. The limits name the command's flags (--batch, --batches, --runs)."""
+
+    batch_size: int
+    timed_batches: int
+    runs: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (("--batch", self.batch_size, 1, 4096),
+                                       ("--batches", self.timed_batches, 1, 100_000), ("--runs", self.runs, 1, 1000)):
+            _check(name, value, low, high)
 
 
 def find_split(root: Path, split: str | None) -> str:
@@ -196,13 +215,13 @@ def plain_batches(dataset: PlainImages, *, batch: int, steps: int, workers: int,
         yield (x - mean) / std, labels.to(device, non_blocking=pin)
 
 
-def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, workers: int, res: int,
-                decode_px: int, device: torch.device, seed: int,
-                device_decode=None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """ShardLoader's batches, `steps` of them over the split's `images` (counted once by the caller)."""
-    loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / images,
-                         device=device, mean=MEAN, std=STD, res_at=lambda step: res, decode_px=decode_px,
-                         workers=workers, seed=seed, device_decode=device_decode)
+def our_batches(root: Path, split: str, *, images: int, batch: int, steps: int, res: int, device: torch.device,
+                seed: int, decoding: Decoding) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """ShardLoader's batches, `steps` of them over the split's `images` (counted once by the caller), float32
+    standardized by ImageNet's statistics, augmented as training is by default."""
+    loader = ShardLoader(str(root), split, batch_size=batch, epochs=steps * batch / images, device=device,
+                         res_at=lambda step: res, normalization=Normalization(MEAN, STD), decoding=decoding,
+                         seed=seed)
     assert loader.steps == steps, (loader.steps, steps)
     return loader.batches(0)
 
@@ -250,10 +269,11 @@ def batch_bytes(batch: int, workers: int, res: int, decode_px: int) -> int:
     return batch * 3 * (decode_px * decode_px * (in_flight + 1) + 2 * 4 * res * res)
 
 
-def bench_loader(root: str, *, split: str | None = None, workers: list[int], res: list[int], batch: int,
-                 batches: int, runs: int, decode_px: int = 256, device: str = "auto", baseline: str | None = None,
-                 seed: int = 0, decoder: str = "auto", log: Callable[[str], None] = print_line) -> dict:
-    """Every (pipeline, workers, res) setting measured `runs` times, interleaved; returns the report."""
+def bench_loader(root: str, rounds: Rounds, *, split: str | None = None, workers: list[int], res: list[int],
+                 decode_px: int = 256, device: str = "auto", baseline: str | None = None, decoder: str = "auto",
+                 log: Callable[[str], None] = print_line) -> dict:
+    """Every (pipeline, workers, res) setting measured rounds.runs times, interleaved; returns the report."""
+    batch, batches, runs, seed = rounds.batch_size, rounds.timed_batches, rounds.runs, rounds.seed
     # An empty path (an unset shell variable) would mean the current folder.
     if not os.fsdecode(root).strip():
         raise ValueError("DIR is empty (an unset shell variable?); give the folder `speedrun data prepare SRC DIR` "
@@ -264,9 +284,7 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
     root_path = user_path(root, "DIR")
     split = find_split(root_path, split)
     n = _count(root_path, split)
-    for name, value, low, high in (("--batch", batch, 1, 4096), ("--batches", batches, 1, 100_000),
-                                   ("--runs", runs, 1, 1000), ("--decode-px", decode_px, 8, 1024)):
-        _check(name, value, low, high)
+    _check("--decode-px", decode_px, 8, 1024)
     limits.check_memory(batch_bytes(batch, max(workers), max(res), decode_px),
                         f"--batch {batch} at --res {max(res)} px with --decode-px {decode_px} and "
                         f"{counted(max(workers), 'worker')}",
@@ -287,8 +305,9 @@ def bench_loader(root: str, *, split: str | None = None, workers: list[int], res
         for pipeline, w, r in settings:
             warmup, steps = _steps(w, batches)
             if pipeline == "ours":
-                it = our_batches(root_path, split, images=n, batch=batch, steps=steps, workers=w, res=r,
-                                 decode_px=decode_px, device=dev, seed=seed + rnd, device_decode=on_device)
+                decoding = Decoding(decode_px=decode_px, workers=w, device_decode=on_device)
+                it = our_batches(root_path, split, images=n, batch=batch, steps=steps, res=r, device=dev,
+                                 seed=seed + rnd, decoding=decoding)
             else:
                 it = plain_batches(PlainImages(*plain, r), batch=batch, steps=steps, workers=w, device=dev,
                                    seed=seed + rnd)

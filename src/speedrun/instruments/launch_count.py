@@ -23,6 +23,7 @@ import torch
 
 from speedrun.data.synthetic import make
 from speedrun.engine.launches import Counter, Work
+from speedrun.engine.loop import RunHooks
 
 STEPS_PER_EPOCH = 10
 EPOCHS = 4
@@ -86,7 +87,8 @@ def count_family(family: Any, cfg: Any, image_shape: tuple[int, int, int] = (3, 
     every = getattr(cfg, "lookahead_every_steps", 0) if getattr(cfg, "lookahead", False) else 0
     counter = Counter()
     with counter:
-        family.train_run(cfg, data, torch.device("meta"), seed=0, on_step=lambda step, total: counter.mark())
+        family.train_run(cfg, data, torch.device("meta"), seed=0,
+                         hooks=RunHooks(on_step=lambda step, total: counter.mark()))
     counter.mark()
     return split(counter.stretches, extras(every))
 

@@ -34,25 +34,24 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, schedule
 
-from speedrun import dist
 from speedrun.config import check_int
 from speedrun.data.dataset import Dataset
 from speedrun.engine import peak
-from speedrun.engine.loop import Diverged
+from speedrun.engine.loop import Diverged, RunHooks
 from speedrun.engine.phases import PHASES, PREFIX
-from speedrun.engine.system import resolve_device, resolve_system, setup_system
+from speedrun.engine.system import resolve_system, setup_system
 from speedrun.errors import print_line
 from speedrun.instruments import launch_count
 from speedrun.records import debug_apis
 from speedrun.records.environment import environment
 from speedrun.records.result_file import claim_result_path, default_result_path, release_result_path
-from speedrun.run import runner
+from speedrun.run.prepared import MAX_EPOCHS, RunRequest, make_config, prepare
 
 # Operator name -> layer type, first match wins (aten's names; mkldnn_/cudnn_ variants included).
 GROUPS = [
@@ -218,20 +217,17 @@ def launches(family, cfg, data) -> dict:
             "problems": launch_count.lean_problems(counts)}
 
 
-def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", data_dir=None, image_size=None,
-            overrides: dict[str, Any] | None = None, active: int = 5, wait: int = 1, warmup: int = 1, seed: int = 0,
-            trace: str | Path | None = "auto", strict: bool = False, log=print_line) -> dict:
-    """Profile `active` training steps of `recipe` (see the module); returns the report, the trace written."""
+def profile(request: RunRequest, *, active: int = 5, wait: int = 1, warmup: int = 1, seed: int = 0,
+            trace: str | Path | None = "auto", strict: bool = False, log: Callable[[str], None] = print_line) -> dict:
+    """Profile `active` training steps of the request's recipe (see the module); returns the report, the trace
+    written."""
     active = check_int("steps", "--steps", active, 1, 1000)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
-    rec = runner.get_recipe(recipe)
-    family = rec.module()
-    cfg = runner.make_config(rec, None, overrides or {})
-    if dist.from_env().size > 1:
+    prepared = prepare(request, join=False)
+    rec, family, cfg, dev, dataset = prepared.recipe, prepared.family, prepared.cfg, prepared.device, prepared.dataset
+    if prepared.world.size > 1:
         raise ValueError("profile runs in one process; run it without torchrun")
-    dev = resolve_device(device)
     debug_apis.guard(strict, dev)  # before this command's own profiler starts
-    dataset = rec.default_dataset if dataset is None else dataset
     if trace is None:
         trace_path = None
     elif trace == "auto":  # results/<time>-profile-<recipe>-<dataset>.trace.json, claimed
@@ -239,17 +235,17 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
     else:
         trace_path = claim_result_path(trace, "--trace")
     try:
-        data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log)
+        data = prepared.load(log)
         total = wait + warmup + active
-        if family.epochs_for_steps(cfg, data.num_train, total) > runner.MAX_EPOCHS:
+        if family.epochs_for_steps(cfg, data.num_train, total) > MAX_EPOCHS:
             raise ValueError(f"--steps {active}: {total} steps of {cfg.batch_size} are more than "
-                             f"{runner.MAX_EPOCHS:g} epochs of {data.num_train} examples; profile fewer steps")
+                             f"{MAX_EPOCHS:g} epochs of {data.num_train} examples; profile fewer steps")
         # The recipe's schedule compressed to `total` steps, as --epochs does (the family's with_epochs); an epochs
         # the user set is the whole run's, for the FLOPs of the recipe's run below.
-        short = runner.make_config(rec, family.epochs_for_steps(cfg, data.num_train, total),
-                                   {k: v for k, v in (overrides or {}).items() if k != "epochs"})
+        short = make_config(rec, family.epochs_for_steps(cfg, data.num_train, total),
+                            {k: v for k, v in request.overrides.items() if k != "epochs"})
         short = dataclasses.replace(short, eval_each_epoch=False) if hasattr(short, "eval_each_epoch") else short
-        for message in family.check(short, data, dev, dist.World()):
+        for message in prepared.checked(short, quiet=True):
             log(f"warning: {message}")
         env = environment(dev)
         setup_system(short, dev)  # the run's CPU threads, so that the peak it is measured against is theirs
@@ -281,7 +277,7 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
 
         with _recording(prof):
             try:
-                run = family.train_run(short, data, dev, seed, on_step=on_step)
+                run = family.train_run(short, data, dev, seed, hooks=RunHooks(on_step=on_step))
             except Diverged as e:
                 raise ValueError(f"the profiled run {e}; profile a setting that trains") from None
         wall_s = time.perf_counter() - began
@@ -299,7 +295,7 @@ def profile(recipe: str, *, dataset: str | None = None, device: str = "auto", da
     achieved = step_flops.train_step / found["step_seconds"] if found["step_seconds"] > 0 else 0.0
     evaluation_rate = (step_flops.evaluation / found["evaluation_seconds"] if found["evaluation_seconds"] > 0
                        else None)
-    return {"benchmark": "profile", "recipe": rec.name, "dataset": dataset, "device": dev.type,
+    return {"benchmark": "profile", "recipe": rec.name, "dataset": prepared.dataset, "device": dev.type,
             "environment": env, "precision": precision, "config": dataclasses.asdict(cfg),
             "schedule": {"wait": wait, "warmup": warmup, "active": active, "steps_run": run.steps},
             "wall_seconds": wall_s, **found, "peak_memory": _peak_memory(dev),

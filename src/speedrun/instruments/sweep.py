@@ -72,28 +72,25 @@ import sqlite3
 import stat
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from speedrun import dist
 from speedrun.config import RUN_OPTIONS, check_int, field_types, parse_value
-from speedrun.engine import peak
 from speedrun.engine.loop import Diverged, RunResult, signals_held
-from speedrun.engine.system import resolve_device, resolve_system
 from speedrun.errors import counted, note_kept, print_line, printable, warn
 from speedrun.instruments.bench import warm_up
 from speedrun.instruments.study_url import check_storage_url, default_storage, results_path, shown_url, storage_file
 from speedrun.instruments.variants import set_text
 from speedrun.paths import check_writable, make_folder
+from speedrun.recipes import get_recipe
 from speedrun.records import db, stats
 from speedrun.records.environment import environment
 from speedrun.records.result_file import (check_result_path, claim_result_path, default_result_path, portable,
                                           release_result_path, write_json)
-from speedrun.run import runner
 from speedrun.run import tensorboard as boards
-from speedrun.tricks.precision import default_cpu_threads
+from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, make_config, prepare
 
 INSTALL = "pip install 'speedrun[sweep]'"
 OBJECTIVES = {"accuracy": "maximize", "time": "minimize"}
@@ -118,6 +115,66 @@ MEASURE_KEYS = {
     "accuracy": {"epochs": "the accuracy objective is measured at a fixed budget, and a search of the budget finds "
                            "the longest run; give --epochs, or search it with --objective time"},
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What `speedrun sweep` is asked to do: its options, built once by the caller (the CLI from its flags) and
+    checked by sweep() (check()) before anything is opened; the options that need the recipe (the space, --prune's
+    default, the grid) are checked there against its config. None where a field has a default decided later."""
+
+    recipe: str
+    space: tuple[str, ...]  # --space entries, as given: KEY=LOW:HIGH[:log] or KEY=A,B,C (parse_space)
+    trials: int = 10  # trials this process adds to the study
+    runs: int = 3  # seeds per trial, the same in every trial
+    objective: str = "accuracy"  # a key of OBJECTIVES
+    sampler: str = "tpe"  # one of SAMPLERS
+    prune: bool | None = None  # None: on when the recipe evaluates every epoch (eval_each_epoch)
+    seed: int = 0  # the first run's seed in every trial, and a new study's sampler's
+    epochs: float | None = None  # --epochs, the whole schedule compressed to it; None: the recipe's budget
+    dataset: str | None = None  # None: the recipe's default dataset
+    data_dir: str | os.PathLike | None = None  # where a named dataset's files are; None: $SPEEDRUN_DATA's
+    device: str = "auto"  # auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # --set, under every trial
+    storage_url: str | None = None  # an Optuna RDB storage URL; None: an SQLite file beside the results database
+    study_name: str | None = None  # None: derived from what the study asks (default_study_name)
+    resume: bool = False  # add trials to an existing study instead of starting one
+    db_path: str | Path | None = None  # the results database; None: the default one, as train's
+    json_path: str | Path | None = None  # the report file; None: a new one under results/
+    tensorboard_dir: str | Path | None = None  # a folder for TensorBoard event files; None: none
+    command: str | None = None  # the command line, as the results record it
+
+    def __post_init__(self) -> None:
+        # copies, so that a caller's list or dict changed later leaves the spec as it was built
+        object.__setattr__(self, "space", tuple(self.space or ()))
+        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+
+    def check(self) -> None:
+        """The options that need no recipe, each refusal one line naming the flag and the fix (a ValueError)."""
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"--objective {self.objective!r:.40}: choose accuracy or time")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"--sampler {self.sampler!r:.40}: choose {', '.join(SAMPLERS)}")
+        check_int("trials", "--trials", self.trials, 1, MAX_TRIALS)
+        runs = check_int("runs", "--runs", self.runs, 1, MAX_RUNS)
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED - (runs - 1):
+            raise ValueError(f"--seed {seed!r:.40}: a sweep's seeds (the sampler's, and its runs' --seed .. --seed + "
+                             f"--runs - 1) lie in [0, 2**32 - 1], as Optuna's samplers take them; give --seed from 0 "
+                             f"to {MAX_SEED - (runs - 1)}" + (f" with --runs {runs}" if runs > 1 else ""))
+        if self.objective == "time" and runs < 2:
+            raise ValueError("--objective time judges each trial by the records rule, a t-test that needs n >= 2: "
+                             "give --runs 2 or more")
+        study = self.study_name
+        if study is not None and (not isinstance(study, str) or not study.strip() or len(study) > 200):
+            raise ValueError("--study: give a name of 1 to 200 characters, not blank (or leave out --study for the "
+                             "default name)")
+        if study is not None and not study.isprintable():
+            # every line that names the study escapes such a character (errors.printable): the --resume hint
+            # pasted back would name another study
+            raise ValueError(f"--study {printable(study)}: the name holds a control or other unprintable character "
+                             "(a newline, ESC ...), which no message can show as it is; give a name of printable "
+                             "characters")
 
 
 def optuna_module():
@@ -173,7 +230,7 @@ def _parse_space(items: list[str], rec, epochs: float | None, overrides: dict[st
     """parse_space; suggest=False: refusals without examples (how an example is itself tried, _Hints)."""
     if not items:
         raise ValueError("give the space to search: --space KEY=LOW:HIGH[:log] or --space KEY=A,B,C (repeatable)")
-    cfg = runner.make_config(rec, epochs, overrides)
+    cfg = make_config(rec, epochs, overrides)
     types = field_types(type(cfg))
     params: list[Param] = []
     for item in items:
@@ -208,7 +265,7 @@ def _parse_space(items: list[str], rec, epochs: float | None, overrides: dict[st
             values = list(param.choices)
         for value in values:  # the config takes each bound and value: a range's inner values lie between
             try:
-                runner.make_config(rec, epochs, {**overrides, key: value})
+                make_config(rec, epochs, {**overrides, key: value})
             except ValueError as e:
                 raise ValueError(f"--space {shown}: {e}") from None
         params.append(param)
@@ -274,7 +331,7 @@ class _Hints:
     def set(self, text: str) -> str:
         """`--set KEY=TEXT` when the config takes it, else ""."""
         try:
-            runner.make_config(self.rec, self.epochs, {**self.overrides, self.key: parse_value(self.key, text,
+            make_config(self.rec, self.epochs, {**self.overrides, self.key: parse_value(self.key, text,
                                                                                                  self.tp)})
         except ValueError:
             return ""
@@ -284,7 +341,7 @@ class _Hints:
 def _any_example(rec, epochs, overrides, objective: str, types: dict, key: str) -> str:
     """An example --space entry for this recipe: for `key` when it is a config key, else for a key most sweeps
     search (a learning rate, label smoothing); "" when none is accepted."""
-    cfg = runner.make_config(rec, epochs, overrides)
+    cfg = make_config(rec, epochs, overrides)
     keys = [key] if key in types else [k for k in ("lr_per_1024", "lr_per_256", "lr", "label_smoothing")
                                        if k in types]
     for k in keys:
@@ -730,139 +787,113 @@ def _importances(optuna, study, completed: int) -> tuple[dict | None, str | None
     return {k: float(v) for k, v in found.items()}, None
 
 
-def sweep(recipe: str, *, space: list[str], trials: int = 10, runs: int = 3, objective: str = "accuracy",
-          dataset: str | None = None, device: str = "auto", epochs: float | None = None, seed: int = 0,
-          data_dir=None, overrides: dict[str, Any] | None = None, storage: str | None = None,
-          study: str | None = None, resume: bool = False, prune: bool | None = None, sampler: str = "tpe",
-          db_path: str | Path | None = None, json_path: str | Path | None = None, command: str | None = None,
-          tensorboard: str | Path | None = None, on_report: Callable[[dict, Path, int | None], None] | None = None,
+def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None] | None = None,
           on_checked: Callable[[], None] | None = None,
           log: Callable[[str], None] = print_line) -> tuple[dict, Path | None, int | None]:
-    """Run `trials` trials of the study (see the module); (the report, its file, its id in the results database).
+    """Run spec.trials trials of the study (see the module); (the report, its file, its id in the results
+    database).
 
-    Nothing is created before everything is checked: the options and the space; the grid's size; the storage (an
-    SQLite file must be absent, empty or an Optuna study storage, and an existing storage is read for the study and
-    its question); the TensorBoard folder; that every file and folder the sweep makes can be made there (a folder
-    this process may write); an existing results database; the data and the recipe's check of it. (That no two of
-    its outputs are one file, the study storage and the results database among them, the CLI checks first:
-    storage_output.) Then a new storage is opened, made (with the default storage's folder, the results
-    database's), the report file claimed (json_path; None: a new results/<time>-sweep-<recipe>-<dataset>.json),
+    Nothing is created before everything is checked: the options (spec.check()) and the space; the grid's size; the
+    storage (an SQLite file must be absent, empty or an Optuna study storage, and an existing storage is read for
+    the study and its question); the TensorBoard folder; that every file and folder the sweep makes can be made
+    there (a folder this process may write); an existing results database; the data and the recipe's check of it.
+    (That no two of its outputs are one file, the study storage and the results database among them, the CLI checks
+    first: storage_output.) Then a new storage is opened, made (with the default storage's folder, the results
+    database's), the report file claimed (spec.json_path; None: a new results/<time>-sweep-<recipe>-<dataset>.json),
     the TensorBoard folder made, the results database and the study created.
-    tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
-    each run as trial-<n>/seed-<s>. on_report(report, its file, its id): called once the report is written and
+    spec.tensorboard_dir: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in
+    it, each run as trial-<n>/seed-<s>. on_report(report, its file, its id): called once the report is written and
     stored, whether the sweep finished or stopped part way (before that stop is raised again), so that what a
     caller does with the report (a settings file) happens on both paths. on_checked(): called once everything is
     checked and the storage opened, before the report file is claimed, for a caller to claim a file of its own (the
     settings file) only where the sweep goes on."""
     optuna = optuna_module()
-    rec = runner.get_recipe(recipe)
-    family = rec.module()
-    overrides = dict(overrides or {})
-    if objective not in OBJECTIVES:
-        raise ValueError(f"--objective {objective!r:.40}: choose accuracy or time")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"--sampler {sampler!r:.40}: choose {', '.join(SAMPLERS)}")
-    trials = check_int("trials", "--trials", trials, 1, MAX_TRIALS)
-    runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED - (runs - 1):
-        raise ValueError(f"--seed {seed!r:.40}: a sweep's seeds (the sampler's, and its runs' --seed .. --seed + "
-                         f"--runs - 1) lie in [0, 2**32 - 1], as Optuna's samplers take them; give --seed from 0 to "
-                         f"{MAX_SEED - (runs - 1)}" + (f" with --runs {runs}" if runs > 1 else ""))
-    if objective == "time" and runs < 2:
-        raise ValueError("--objective time judges each trial by the records rule, a t-test that needs n >= 2: "
-                         "give --runs 2 or more")
+    rec = get_recipe(spec.recipe)
+    overrides = dict(spec.overrides)
+    spec.check()
     alpha = stats.record_alpha()  # a bad $SPEEDRUN_RECORD_P: refused before any storage or data is touched
-    params = parse_space(space, rec, epochs, overrides, objective)
-    base = runner.make_config(rec, epochs, overrides)
+    params = parse_space(list(spec.space), rec, spec.epochs, overrides, spec.objective)
+    base = make_config(rec, spec.epochs, overrides)
+    prune = spec.prune
     if prune is None:
         prune = bool(getattr(base, "eval_each_epoch", False))
     elif prune and not getattr(base, "eval_each_epoch", False):
         raise ValueError("--prune needs each epoch's test accuracy: add --set eval_each_epoch=true (untimed), or "
                          "leave out --prune")
-    if sampler == "grid":
+    if spec.sampler == "grid":
         check_grid(params)
-    dataset = rec.default_dataset if dataset is None else dataset
-    question = {"recipe": rec.name, "dataset": str(dataset), "objective": objective, "epochs": epochs,
+    dataset = rec.default_dataset if spec.dataset is None else spec.dataset
+    question = {"recipe": rec.name, "dataset": str(dataset), "objective": spec.objective, "epochs": spec.epochs,
                 "set": {k: str(v) for k, v in sorted(overrides.items())}, "space": sorted(p.text for p in params)}
-    if study is not None and (not isinstance(study, str) or not study.strip() or len(study) > 200):
-        raise ValueError("--study: give a name of 1 to 200 characters, not blank (or leave out --study for the "
-                         "default name)")
-    if study is not None and not study.isprintable():
-        # every line that names the study escapes such a character (errors.printable): the --resume hint pasted
-        # back would name another study
-        raise ValueError(f"--study {printable(study)}: the name holds a control or other unprintable character (a "
-                         "newline, ESC ...), which no message can show as it is; give a name of printable characters")
     # the name follows what is searched; runs, seeds and the threshold judge every trial alike, so a resume
     # that changes them finds the study and is refused naming its values (_check_study)
-    name = study if study is not None else default_study_name(rec.name, dataset, objective, question)
-    question.update(runs=runs, seed=seed, **({"record_p": alpha} if objective == "time" else {}))
-    url = storage if storage is not None else default_storage(db_path)
+    name = spec.study_name if spec.study_name is not None else \
+        default_study_name(rec.name, dataset, spec.objective, question)
+    question.update(runs=spec.runs, seed=spec.seed, **({"record_p": alpha} if spec.objective == "time" else {}))
+    url = spec.storage_url if spec.storage_url is not None else default_storage(spec.db_path)
     check_storage_url(url)
     shown = shown_url(url)
     file = storage_file(url)
     lock = _Lock(shown if file is None else str(file), log)
-    dev = resolve_device(device)
-    if tensorboard is not None:
-        boards.check_board(tensorboard)
-    what = f"--storage {shown}" if storage is not None else \
-        f"the study storage {shown} (beside {'--db' if db_path is not None else 'the results database'})"
-    state = "server" if file is None else _storage_state(file, what, lock, own_folder=storage is None)
-    if state == "new" and resume:
+    run = prepare(RunRequest(rec.name, dataset, spec.device, spec.epochs, overrides, spec.data_dir), cfg=base,
+                  join=False)  # one process: the CLI refuses sweep under torchrun
+    if spec.tensorboard_dir is not None:
+        boards.check_board(spec.tensorboard_dir)
+    what = f"--storage {shown}" if spec.storage_url is not None else \
+        f"the study storage {shown} (beside {'--db' if spec.db_path is not None else 'the results database'})"
+    state = "server" if file is None else _storage_state(file, what, lock, own_folder=spec.storage_url is None)
+    if state == "new" and spec.resume:
         raise ValueError(f"--resume: there is no study {name!r} in {shown}; leave out --resume to start it")
     # every file the sweep makes, checked to be makeable before it makes any (a folder it may not write would
     # refuse the last one after the others were made)
     if file is not None:
         check_writable(file, f"{what}, the file", _STORAGE_FIX)
-    check_result_path(json_path, "--json")
-    db.check_writable(db_path)
-    direction = OBJECTIVES[objective]
+    check_result_path(spec.json_path, "--json")
+    db.check_writable(spec.db_path)
+    direction = OBJECTIVES[spec.objective]
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what each trial did
     # an existing results database is checked now (a file of another program's is refused); a new one is made last
-    conn = db.connect(db_path) if os.path.lexists(results_path(db_path)) else None
+    conn = db.connect(spec.db_path) if os.path.lexists(results_path(spec.db_path)) else None
     path, written, board = None, False, None
     try:
         pruner = _pruner(optuna) if prune else optuna.pruners.NopPruner()
-        the_sampler = _sampler(optuna, sampler, params, None if resume else seed)
+        the_sampler = _sampler(optuna, spec.sampler, params, None if spec.resume else spec.seed)
         store = the_study = None
         if state != "new":  # the study in an existing storage: refused (exists, absent, asks another question) now
             with _storage_refusals(optuna, lock):
                 store = _open_storage(optuna, url, lock)
-                the_study = _check_study(optuna, store, name, shown=shown, resume=resume, direction=direction,
+                the_study = _check_study(optuna, store, name, shown=shown, resume=spec.resume, direction=direction,
                                          question=question, sampler=the_sampler, pruner=pruner)
-        data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
-        # a copy of a named dataset that is not its published files is recorded under its path, as train records it
-        stored_as = os.fspath(data_dir) if getattr(data, "unofficial", "") and data_dir is not None else dataset
-        for message in family.check(base, data, dev, dist.World()):
-            warn(message)  # the base config's notes, as train shows them
+        run.load(log)  # a copy of a named dataset that is not its published files: recorded under its path
+        run.checked()  # the base config's notes, as train shows them
         if store is None:  # a new storage, opened (and so made) first of the sweep's files: the likeliest to fail
-            if storage is None:  # speedrun's own folder, the results database's, made as connect makes it
+            if spec.storage_url is None:  # speedrun's own folder, the results database's, made as connect makes it
                 make_folder(file.parent, "the folder of the results database and the study storage",
                             "give another --db, or a --storage URL")
             with _storage_refusals(optuna, lock):
                 store = _open_storage(optuna, url, lock)
         if on_checked is not None:
             on_checked()
-        path = (claim_result_path(json_path, "--json") if json_path is not None
+        path = (claim_result_path(spec.json_path, "--json") if spec.json_path is not None
                 else default_result_path(f"sweep-{rec.name}", dataset))
-        if tensorboard is not None:
-            board = boards.open_board(tensorboard, rec.name)
+        if spec.tensorboard_dir is not None:
+            board = boards.open_board(spec.tensorboard_dir, rec.name)
         if conn is None:
-            conn = db.connect(db_path)
+            conn = db.connect(spec.db_path)
         with _storage_refusals(optuna, lock):
             if the_study is None:
                 the_study = _create_study(optuna, store, name, shown=shown, direction=direction, question=question,
                                           sampler=the_sampler, pruner=pruner)
             lock.then = f"add trials with --resume --study {shlex.quote(name)}"
-            log(f"study {name} in {shown}: {counted(len(the_study.trials), 'trial')} so far; {trials} more, "
-                f"{counted(runs, 'run')} each, {objective} ({direction}), sampler {sampler}, "
+            log(f"study {name} in {shown}: {counted(len(the_study.trials), 'trial')} so far; {spec.trials} more, "
+                f"{counted(spec.runs, 'run')} each, {spec.objective} ({direction}), sampler {spec.sampler}, "
                 f"pruning {'on' if prune else 'off'}")
-        report = _trials(optuna, the_study, family, rec, params, conn, data, stored_as, log, lock, base=base,
-                         trials=trials, runs=runs, objective=objective, dataset=dataset, dev=dev, epochs=epochs,
-                         seed=seed, overrides=overrides, command=command, shown=shown, sampler=sampler, prune=prune,
-                         board=board, alpha=alpha)
+        prepared = _Prepared(run=run, params=params, overrides=overrides, prune=prune, alpha=alpha, dataset=dataset,
+                             shown=shown, lock=lock, conn=conn, board=board, log=log)
+        report = _trials(optuna, the_study, spec, prepared)
         interrupt = report.pop("_interrupt", None)
-        report["command"] = command
+        report["command"] = spec.command
         with signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)
             write_json(path, report)
@@ -897,8 +928,39 @@ def _storage_refusals(optuna, lock: _Lock):
         raise _storage_failure(optuna, e, lock) from None
 
 
-def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock: _Lock, *, base, trials, runs,
-            objective, dataset, dev, epochs, seed, overrides, command, shown, sampler, prune, board, alpha) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What sweep() resolved from its spec and opened before the first trial, as the trials, their stored runs
+    and the report read it."""
+
+    run: PreparedRun  # recipe, family, base config (--set and --epochs: every trial's parameters go over it),
+    # device, the data and the dataset as results record it (its path for an unofficial copy)
+    params: list[Param]  # the space, parsed and checked against the config
+    overrides: dict[str, Any]  # --set
+    prune: bool  # spec.prune, or where it is None whether the recipe evaluates every epoch
+    alpha: float  # the records rule's p threshold (stats.record_alpha)
+    dataset: str  # spec.dataset, or the recipe's default
+    shown: str  # the storage's URL as messages show it (a password masked)
+    lock: _Lock
+    conn: db.Connection  # the results database
+    board: boards.Board | None  # the TensorBoard folder, where one is written
+    log: Callable[[str], None]
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What this process's trials came to so far, as the trials add to it and the report states it."""
+
+    mine: list[int] = dataclasses.field(default_factory=list)  # the numbers of the trials this process asked for
+    local: list[dict] = dataclasses.field(default_factory=list)  # those trials as the report's rows (_local_row)
+    results: list[dict] = dataclasses.field(default_factory=list)  # each trial's training result, as stored
+    finished_runs: int = 0
+    warmup_seconds: float = 0.0  # every trial's untimed warm-up, together
+    interrupt: BaseException | None = None  # what stopped the trials (Ctrl-C, an error), if anything
+    failed: StorageFailed | None = None  # the study storage's failure: not touched again once it has failed
+
+
+def _trials(optuna, study, spec: SweepSpec, prep: _Prepared) -> dict:
     """Run the trials, each after a warm-up of its own configuration; the report (with "_interrupt": what stopped
     it, if anything).
 
@@ -906,15 +968,10 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
     into the study's attributes after, so that a storage that fails (locked past SQLITE_TIMEOUT_S, damaged) costs
     no run. Once it has failed it is not touched again (each touch would wait out the lock anew), and the report
     is made from this process's own account of its trials."""
-    mine: list[int] = []
-    local: list[dict] = []  # this process's trials, as the report's rows (_local_row)
-    results: list[dict] = []  # each trial's training result, as stored in the results database
-    finished_runs = 0
-    warmup_seconds = 0.0
-    interrupt: BaseException | None = None
-    failed: StorageFailed | None = None
+    tally = _Tally()
     storage_errors = _storage_errors(optuna)
-    for _ in range(trials):
+    log = prep.log
+    for _ in range(spec.trials):
         trial, row = None, None
         done: list[RunResult] = []
         reported: list[BaseException] = []  # what the storage raised while a run reported to it (_reporter)
@@ -923,17 +980,17 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
         def keep() -> tuple[dict, dict]:
             """The trial's finished runs stored and its statistics set in this process's account, once, on the
             normal and the stopped path alike; (its score, the attributes for the study)."""
-            nonlocal finished_runs, kept
-            score = _score(objective, done, cfg.target_accuracy, alpha)
+            nonlocal kept
+            score = _score(spec.objective, done, cfg.target_accuracy, prep.alpha)
             attrs = {}
             if not kept:
                 kept = True
-                finished_runs += len(done)
+                tally.finished_runs += len(done)
                 result_id = None
                 if done:
-                    result_id, result = _store_runs(conn, family, rec, cfg, data, dev, done, stored_as, runs, command,
-                                                    study.study_name, trial.number, shown_params)
-                    results.append(result)
+                    result_id, result = _store_runs(spec, prep, cfg, done, study.study_name, trial.number,
+                                                    shown_params)
+                    tally.results.append(result)
                 attrs = {"result_id": result_id, **{key: score[key] for key in SCORE_KEYS},
                          "run_seeds": [r.seed for r in done]}
                 row.update(attrs)
@@ -944,19 +1001,19 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
                 trial.set_user_attr(key, value)
 
         try:
-            if sampler == "grid" and study.sampler.is_exhausted(study):
+            if spec.sampler == "grid" and study.sampler.is_exhausted(study):
                 log("the grid is exhausted: every point has a trial")
                 break
             trial = study.ask()
-            mine.append(trial.number)
+            tally.mine.append(trial.number)
             row = _local_row(trial.number)
-            local.append(row)
-            values = {p.key: p.suggest(trial) for p in params}
+            tally.local.append(row)
+            values = {p.key: p.suggest(trial) for p in prep.params}
             row["params"] = values
             shown_params = " ".join(f"{k}={set_text(v)}" for k, v in values.items())
             try:
-                cfg = runner.make_config(rec, epochs, {**overrides, **values})
-                family.check(cfg, data, dev, dist.World())
+                cfg = prep.run.config(values)
+                prep.run.checked(cfg, quiet=True)
             except ValueError as e:  # a combination the recipe refuses: that trial failed, the search goes on
                 row.update(state="fail", error=" ".join(str(e).split())[:300])
                 trial.set_user_attr("error", row["error"])
@@ -966,23 +1023,23 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
                 continue
             log(f"trial {trial.number}: {shown_params}; warm-up (untimed)")
             # this configuration's own compile, autotune and first-run costs, outside its timed seconds
-            warmed = warm_up(family, cfg, data, dev, None, f"trial {trial.number}", log)
-            warmup_seconds += warmed
+            warmed = warm_up(prep.run.family, cfg, prep.run.data, prep.run.device, None, f"trial {trial.number}", log)
+            tally.warmup_seconds += warmed
             row["warmup_seconds"] = warmed
             trial.set_user_attr("warmup_seconds", warmed)
             pruned_at = None
-            for r in range(runs):
-                hook = _reporter(trial, r, objective, reported, storage_errors) if prune else None
+            for r in range(spec.runs):
+                seed = spec.seed + r
+                hook = _reporter(trial, r, spec.objective, reported, storage_errors) if prep.prune else None
                 try:
-                    with boards.run_log(board, cfg, seed=seed + r, dataset=stored_as,
-                                        steps=family.run_steps(cfg, data.num_train),
+                    with boards.run_log(prep.board, cfg, seed=seed, dataset=prep.run.dataset,
+                                        steps=prep.run.family.run_steps(cfg, prep.run.data.num_train),
                                         setting=f"trial-{trial.number}") as scalars:
-                        hooks = {} if scalars is None else {"on_scalars": scalars.scalars}
-                        run = family.train_run(cfg, data, dev, seed + r, on_epoch=boards.on_epoch_too(scalars, hook),
-                                               **hooks)
+                        run = prep.run.family.train_run(cfg, prep.run.data, prep.run.device, seed,
+                                                        hooks=boards.run_hooks(scalars, on_epoch=hook))
                 except Diverged as e:
-                    warn(f"trial {trial.number}, seed {seed + r}: {e}")
-                    run = RunResult(seed=seed + r, accuracy=None, train_seconds=None, epochs=cfg.epochs,
+                    warn(f"trial {trial.number}, seed {seed}: {e}")
+                    run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs,
                                     steps=e.step, diverged=e.to_dict())
                 except _Pruned as e:
                     pruned_at = e.args[0]
@@ -1007,11 +1064,11 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
             else:
                 row.update(state="complete", value=score["value"])
                 study.tell(trial, score["value"])
-                log(f"trial {trial.number}: {_value_text(objective, score)}")
+                log(f"trial {trial.number}: {_value_text(spec.objective, score)}")
             row["finished_utc"] = _utc(datetime.now(timezone.utc))
         except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error: the finished trials are kept
-            failed = _storage_failure(optuna, e, lock)
-            stop = e if failed is None else failed
+            tally.failed = _storage_failure(optuna, e, prep.lock)
+            stop = e if tally.failed is None else tally.failed
             error = f"{type(stop).__name__}: {' '.join(str(stop).split())[:300]}"
             with signals_held():
                 attrs = keep()[1] if cfg is not None and not kept else {}
@@ -1019,26 +1076,24 @@ def _trials(optuna, study, family, rec, params, conn, data, stored_as, log, lock
                     row.update(state="fail", error=error, finished_utc=_utc(datetime.now(timezone.utc)))
                 for touch in (lambda: trial.set_user_attr("error", error), lambda: mark(attrs),
                               lambda: study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)):
-                    if trial is None or failed is not None:
+                    if trial is None or tally.failed is not None:
                         break
                     try:
                         touch()
                     except optuna.exceptions.UpdateFinishedTrialError:
                         pass
                     except storage_errors as also:  # the storage fails too: what finished is kept all the same
-                        failed = _storage_failure(optuna, also, lock)
+                        tally.failed = _storage_failure(optuna, also, prep.lock)
             if done:
                 log(f"trial {trial.number}: stopped ({type(stop).__name__}) after {len(done)} of "
-                    f"{counted(runs, 'run')}; those are kept, the trial marked failed")
-            if not isinstance(e, KeyboardInterrupt) and not finished_runs:
+                    f"{counted(spec.runs, 'run')}; those are kept, the trial marked failed")
+            if not isinstance(e, KeyboardInterrupt) and not tally.finished_runs:
                 if stop is not e:
                     raise stop from None
                 raise
-            interrupt = stop
+            tally.interrupt = stop
             break
-    return _report(optuna, study, rec, family, base, dev, dataset, runs, objective, epochs, seed, overrides,
-                   params, shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt, lock=lock,
-                   local=local, results=results, failed=failed)
+    return _report(optuna, study, spec, prep, tally)
 
 
 def _reporter(trial, run_index: int, objective: str, failures: list[BaseException] | None = None,
@@ -1076,22 +1131,17 @@ def _value_text(objective: str, score: dict) -> str:
             + ("reaches the target" if score["reached"] else "does not reach the target (penalized)"))
 
 
-
-def _store_runs(conn, family, rec, cfg, data, dev, done, dataset, runs, command, study_name, number,
-                shown_params) -> tuple[int | None, dict]:
-    """A trial's finished runs as a training result in the results database: (its id, None where it could not be
-    stored (warned), and the result, which the report carries either way)."""
-    env = environment(dev)
-    result = runner.Result(recipe=rec.name, dataset=str(dataset), device=dev.type, config=dataclasses.asdict(cfg),
-                           runs=done, environment=env, runs_requested=runs, complete=len(done) == runs,
-                           timed_region=family.timed_region(cfg), world=dist.World().to_dict(),
-                           command=f"{command or 'speedrun sweep'}  # setting trial {number} of {study_name}: "
-                                   f"{shown_params}",
-                           flops=runner.count_flops(family, cfg, data), precision=resolve_system(cfg, dev).precision,
-                           peaks=peak.cached(dev, env["device_name"], cfg.cpu_threads or default_cpu_threads()))
+def _store_runs(spec: SweepSpec, prep: _Prepared, cfg, done: list[RunResult], study_name: str, number: int,
+                shown_params: str) -> tuple[int | None, dict]:
+    """Trial `number`'s finished runs (`done`, of its config `cfg`, its parameters `shown_params` as --set takes
+    them) as a training result in the results database: (its id, None where it could not be stored (warned), and
+    the result, which the report carries either way)."""
+    result = prep.run.result(done, cfg, runs_requested=spec.runs, complete=len(done) == spec.runs,
+                             command=f"{spec.command or 'speedrun sweep'}  # setting trial {number} of {study_name}: "
+                                     f"{shown_params}")
     row = portable(result.to_dict())
     try:
-        return db.insert_result(conn, row), row
+        return db.insert_result(prep.conn, row), row
     except ValueError as e:  # db.UnusableDatabase: the runs are still in the report and the study's attributes
         warn(f"trial {number}'s runs were not stored in the results database ({e}); the sweep's report holds them")
         return None, row
@@ -1108,13 +1158,12 @@ def _carried(results: list[dict]) -> tuple[list[dict], int]:
     return kept[::-1], len(results) - len(kept)
 
 
-def _report(optuna, study, rec, family, base, dev, dataset, runs, objective, epochs, seed, overrides, params,
-            shown, sampler, prune, mine, finished_runs, warmup_seconds, interrupt, *, lock: _Lock, local: list[dict],
-            results: list[dict], failed: StorageFailed | None) -> dict:
+def _report(optuna, study, spec: SweepSpec, prep: _Prepared, tally: _Tally) -> dict:
     """The study as the results database keeps it: every trial of every process so far, the best, importances,
     and this process's trials' training results ("results", which `speedrun results import` stores as rows).
-    Where the storage failed (`failed`, or now), the trials are this process's own (`local`)."""
-    direction = OBJECTIVES[objective]
+    Where the storage failed (tally.failed, or now), the trials are this process's own (tally.local)."""
+    direction = OBJECTIVES[spec.objective]
+    failed, interrupt = tally.failed, tally.interrupt
     if failed is None:
         try:
             everything = [_trial_row(t) for t in study.get_trials(deepcopy=False)]
@@ -1122,31 +1171,32 @@ def _report(optuna, study, rec, family, base, dev, dataset, runs, objective, epo
             best = _trial_row(study.best_trial) if completed else None
             importances, why_not = _importances(optuna, study, len(completed))
         except _storage_errors(optuna) as e:
-            failed = _storage_failure(optuna, e, lock)
+            failed = _storage_failure(optuna, e, prep.lock)
             interrupt = interrupt or failed
     if failed is not None:
-        everything = local
-        completed = [t for t in local if t["state"] == "complete"]
+        everything = tally.local
+        completed = [t for t in tally.local if t["state"] == "complete"]
         pick = max if direction == "maximize" else min
         best = pick(completed, key=lambda t: t["value"]) if completed else None
         importances, why_not = None, "the study storage failed: these are this process's trials only"
     stop = None if interrupt is None or isinstance(interrupt, KeyboardInterrupt) else \
         f"{type(interrupt).__name__}: {' '.join(str(interrupt).split())[:500]}"
-    carried, left_out = _carried(results)
-    env = environment(dev)
-    report = {"benchmark": "sweep", "recipe": rec.name, "dataset": str(dataset), "device": dev.type,
-              "study": study.study_name, "storage": shown, "objective": objective,
-              "direction": direction, "target": base.target_accuracy, "runs": runs, "epochs": epochs,
-              "seed": seed, "set": {k: set_text(v) for k, v in overrides.items()},
-              "space": [dataclasses.asdict(p) for p in params], "sampler": sampler, "prune": prune,
-              "penalty_seconds": PENALTY_S if objective == "time" else None,
+    carried, left_out = _carried(tally.results)
+    env = environment(prep.run.device)
+    report = {"benchmark": "sweep", "recipe": prep.run.recipe.name, "dataset": str(prep.dataset),
+              "device": prep.run.device.type,
+              "study": study.study_name, "storage": prep.shown, "objective": spec.objective,
+              "direction": direction, "target": prep.run.cfg.target_accuracy, "runs": spec.runs, "epochs": spec.epochs,
+              "seed": spec.seed, "set": {k: set_text(v) for k, v in prep.overrides.items()},
+              "space": [dataclasses.asdict(p) for p in prep.params], "sampler": spec.sampler, "prune": prep.prune,
+              "penalty_seconds": PENALTY_S if spec.objective == "time" else None,
               "complete": interrupt is None, "interrupted": isinstance(interrupt, KeyboardInterrupt), "failed": stop,
               "storage_failed": None if failed is None else str(failed),
-              "trials_total": len(everything), "trials_this_process": mine, "runs_finished": finished_runs,
-              "warmup_seconds": warmup_seconds,
+              "trials_total": len(everything), "trials_this_process": tally.mine,
+              "runs_finished": tally.finished_runs, "warmup_seconds": tally.warmup_seconds,
               "trials": everything[-MAX_REPORT_TRIALS:],
               "best": best, "importances": importances, "importances_note": why_not,
-              "timed_region": family.timed_region(base), "environment": env,
+              "timed_region": prep.run.family.timed_region(prep.run.cfg), "environment": env,
               "results": carried, "results_left_out": left_out,
               "_interrupt": interrupt}
     return report

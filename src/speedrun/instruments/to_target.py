@@ -25,7 +25,6 @@ a partial report.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from collections.abc import Callable, Generator
@@ -33,12 +32,11 @@ from typing import Any
 
 from speedrun import dist
 from speedrun.config import check_int
-from speedrun.engine.system import resolve_device
-from speedrun.errors import print_line, warn
+from speedrun.errors import print_line
 from speedrun.instruments.bench import measured_run, round_orders, stopped_by, warm_up
 from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.environment import environment
-from speedrun.run import runner
+from speedrun.run.prepared import MAX_EPOCHS, MAX_RUNS, PreparedRun, RunRequest, prepare
 
 DEFAULT_PROBES = 5
 # Two: the start and one step away from it. Twenty: more would bisect the 64x range [E0 / 16, 4 * E0] below a step.
@@ -96,45 +94,37 @@ def search(measure: Callable[[int], tuple[bool, Any]], start: int, floor: int, c
             return probes
 
 
-def to_target(recipe: str, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, dataset: str | None = None,
-              device: str = "auto", seed: int = 0, epochs: float | None = None, data_dir=None,
-              overrides: dict[str, Any] | None = None, log=print_line) -> dict:
+def to_target(request: RunRequest, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, seed: int = 0,
+              log: Callable[[str], None] = print_line) -> dict:
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
-    rec = runner.get_recipe(recipe)
-    family = rec.module()
-    runs = check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)
+    run = prepare(request, join=False)
+    family, base = run.family, run.cfg
+    runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
     max_probes = check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
-    overrides = dict(overrides or {})
-    base = runner.make_config(rec, epochs, overrides)
-    world = dist.from_env()
-    dev = dist.device_for(world, resolve_device(device))
-    measured, already_off = split_tricks(family.TRICKS, base, dev, family.idle_tricks(base))
+    measured, already_off = split_tricks(family.TRICKS, base, run.device, family.idle_tricks(base))
     variants = [("baseline", {})] + [(f"{key}={set_text(off)}", {key: set_text(off)}) for key, off, _ in measured]
-    configs = {name: runner.make_config(rec, epochs, {**overrides, **changes}) for name, changes in variants}
-    dataset = rec.default_dataset if dataset is None else dataset
-    world = dist.init(world, dev)  # under torchrun every probe run is one run of all K processes
+    configs = {name: run.config(changes) for name, changes in variants}
+    run.join()  # under torchrun every probe run is one run of all K processes
     clean = False
     try:
-        report = _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs, seed, max_probes,
-                         log)
+        report = _search(run, variants, configs, runs, seed, max_probes, log)
         clean = report["_interrupt"] is None or getattr(report["_interrupt"], "in_step", False)
     finally:
-        dist.shutdown(world, clean)  # the peers wait for each other only if they all got here alike
+        dist.shutdown(run.world, clean)  # the peers wait for each other only if they all got here alike
     report.update({"already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
                    "target_accuracy": base.target_accuracy, "timed_region": family.timed_region(base)})
     return report
 
 
-def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs: int, seed: int, max_probes: int,
-            log) -> dict:
-    """to_target's measuring, by every process of `world`: data, checks, warm-ups, the lockstep rounds, the
-    report (without the already-off tricks, the target and the timed region, which to_target adds)."""
-    data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=None, log=log))
+def _search(run: PreparedRun, variants: list[tuple[str, dict]], configs: dict[str, Any], runs: int, seed: int,
+            max_probes: int, log: Callable[[str], None]) -> dict:
+    """to_target's measuring, by every process of the run's world: data, checks, warm-ups, the lockstep rounds,
+    the report (without the already-off tricks, the target and the timed region, which to_target adds)."""
+    family, dev, world = run.family, run.device, run.world
+    data = run.load(log)
     for i, cfg in enumerate(configs.values()):
-        for message in family.check(cfg, data, dev, world):
-            if i == 0:  # the baseline's notes, as train shows them
-                warn(message)
+        run.checked(cfg, quiet=i > 0)  # the baseline's notes, as train shows them
     n_train = data.num_train
 
     def at_steps(cfg, steps: int):
@@ -151,7 +141,7 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
     for name, _ in variants:
         cfg = configs[name]
         start = family.run_steps(cfg, n_train)
-        floor, ceiling = bounds(start, family.run_steps(family.with_epochs(cfg, runner.MAX_EPOCHS), n_train))
+        floor, ceiling = bounds(start, family.run_steps(family.with_epochs(cfg, MAX_EPOCHS), n_train))
         plan = probe_plan(start, floor, ceiling, max_probes)
         state[name] = {"plan": plan, "next": next(plan), "probes": [], "floor": floor, "ceiling": ceiling}
     warmups = {}
@@ -195,15 +185,13 @@ def _search(rec, family, variants, configs, dataset, data_dir, dev, world, runs:
         s, probes = state[name], []
         for p in (p for p in s["probes"] if p["runs"]):
             cfg, complete = p["cfg"], len(p["runs"]) == runs
-            results.append(runner.Result(
-                recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg), runs=p["runs"],
-                environment=env, runs_requested=runs, complete=complete,
-                interrupted=stop["interrupted"], timed_region=family.timed_region(cfg),
-                world=world.to_dict(),
+            results.append(run.result(
+                p["runs"], cfg, env=env, runs_requested=runs, complete=complete, interrupted=stop["interrupted"],
                 command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
             probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
         rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
-    return {"benchmark": "to_target", "recipe": rec.name, "dataset": dataset, "device": dev.type, "runs": runs,
+    return {"benchmark": "to_target", "recipe": run.recipe.name, "dataset": run.dataset, "device": dev.type,
+            "runs": runs,
             "world": world.to_dict(), "seed": seed, "max_probes": max_probes,
             **stop,
             "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept

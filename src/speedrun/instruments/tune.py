@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from speedrun import dist
 from speedrun.config import check_int
 from speedrun.engine.loop import Diverged
-from speedrun.engine.system import resolve_device, resolve_system
+from speedrun.engine.system import resolve_system
 from speedrun.errors import counted, print_line
 from speedrun.instruments.bench import bench
-from speedrun.run import runner
+from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, prepare
 from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
 
 # (key, what the guide calls it); the order of the table before ranking
@@ -114,15 +114,17 @@ def candidates(cfg, device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _smoke_each(family, make_cfg, names, data, dev, log) -> dict[str, str]:
+def _smoke_each(run: PreparedRun, make_cfg: Callable[[str], Any], names: list[str],
+                log: Callable[[str], None]) -> dict[str, str]:
     """{name: why it cannot run} for each setting whose config is refused (a doubled batch past the family's
     limit, say) or whose smoke run (a few steps) fails here."""
     failed = {}
+    family, dev = run.family, run.device
     for name in names:
         log(f"does {name} run here? (a few steps)")
         try:
-            cfg, small = family.smoke(make_cfg(name), data)
-            family.check(cfg, small, dev, dist.World())
+            cfg, small = family.smoke(make_cfg(name), run.data)
+            family.check(cfg, small, dev, run.world)
             family.train_run(cfg, small, dev, 0)
         except Diverged:
             pass  # a few steps on little data may diverge; the timed runs say what the setting does
@@ -153,17 +155,14 @@ def _verdict(setting: dict, changes_numbers: bool) -> tuple[bool, str]:
     return False, "no clear difference"
 
 
-def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs: int = 3, seed: int = 0,
-         epochs: float | None = None, data_dir=None, overrides: dict[str, Any] | None = None,
-         only: list[str] | None = None, log=print_line) -> dict:
+def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] | None = None,
+         log: Callable[[str], None] = print_line) -> dict:
     """Measure every applicable setting against the current configuration (see the module); the report has a
     bench report's fields plus "tune": the rows ranked by measured gain and the recommended settings."""
-    rec = runner.get_recipe(recipe)
-    family = rec.module()
-    check_int("runs", "--runs", runs, 1, runner.MAX_RUNS)  # before the smoke runs, not after
+    check_int("runs", "--runs", runs, 1, MAX_RUNS)  # before the smoke runs, not after
     check_int("seed", "--seed", seed, 0, 2**62)
-    cfg = runner.make_config(rec, epochs, overrides or {})
-    dev = resolve_device(device)
+    run = prepare(request, join=False)  # one process: the CLI refuses tune under torchrun
+    cfg, dev = run.cfg, run.device
     found = candidates(cfg, dev)
     if only:
         unknown = sorted(set(only) - set(GUIDE))
@@ -173,22 +172,19 @@ def tune(recipe: str, *, dataset: str | None = None, device: str = "auto", runs:
         found = [(n, c) for n, c in found if set(c) & set(only)]
     if not found:
         raise ValueError("no setting to try on this device for this recipe" + (" (--only)" if only else ""))
-    dataset = rec.default_dataset if dataset is None else dataset
-    data = family.load_data(dataset, data_dir=data_dir, image_size=None, log=log)
+    run.load(log)  # for the smoke runs; bench loads the data again for the timed ones
     changes = dict(found)
-    failed = _smoke_each(family, lambda name: runner.make_config(rec, epochs, {**(overrides or {}), **changes[name]}),
-                         list(changes), data, dev, log)
+    failed = _smoke_each(run, lambda name: run.config(changes[name]), list(changes), log)
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
     if len(steps) == 1:
         raise ValueError("no setting to try runs here: " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
-    report = bench(rec.name, steps=steps, dataset=dataset, device=device, runs=runs, seed=seed, epochs=epochs,
-                   data_dir=data_dir, overrides=overrides, log=log)
+    report = bench(request, steps=steps, runs=runs, seed=seed, log=log)
     report["benchmark"] = "tune"
     rows = []
     current = resolve_system(cfg, dev)
     for s in report["settings"][1:]:
         keys = [k for k in changes[s["name"]] if k != "compile_mode"]
-        variant = runner.make_config(rec, epochs, {**(overrides or {}), **changes[s["name"]]})
+        variant = run.config(changes[s["name"]])
         # a setting may change the precision "auto" resolves to; none of the guide's does today, but a family's rule may
         numbers = any(k in CHANGES_NUMBERS for k in keys) or resolve_system(variant, dev).precision != current.precision
         good, verdict = _verdict(s, numbers)

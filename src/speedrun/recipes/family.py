@@ -10,7 +10,7 @@ family's answers against it (conformance.py), so one that answers with the wrong
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # for the annotations alone: importing this module imports no torch
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # for the annotations alone: importing this module imports no
 
     from speedrun import dist
     from speedrun.engine.flops import RunFlops
-    from speedrun.engine.loop import RunResult
+    from speedrun.engine.loop import RunHooks, RunResult
 
 # (config key, its "off" value, one line of what it is): every trick of a family, switched off in turn by ablate.
 Trick = tuple[str, Any, str]
@@ -39,6 +39,25 @@ class FamilyConfig(Protocol):
 
     def validate(self) -> None:
         """Raise ValueError (one line naming the setting and its range) for a setting no run can use."""
+
+
+@runtime_checkable
+class TrainingData(Protocol):
+    """What the runner, the instruments and a saved model's checks read of a family's data (load_data's answer);
+    the rest of it (tensors, shard paths, normalization) is the family's own business. A copy of a named dataset
+    that is not its published files also says so in `unofficial` (the reason), which the runner reads where present."""
+
+    @property
+    def name(self) -> str: ...  # what the data is called in lines and results
+
+    @property
+    def num_train(self) -> int: ...  # training examples: step counts and FLOPs follow from it
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def classes(self) -> Sequence[str]: ...  # a class name per label, in label order
 
 
 @runtime_checkable
@@ -69,7 +88,7 @@ class Family(Protocol):
         """The epochs at which run_steps is exactly `steps` (a schedule compressed to a step count)."""
 
     def load_data(self, dataset: str, *, data_dir: str | os.PathLike | None, image_size: int | None,
-                  log: Callable[[str], None], smoke: bool = False) -> Any:
+                  log: Callable[[str], None], smoke: bool = False) -> TrainingData:
         """The dataset (refusing what the family cannot train on with one line); `.num_train` its examples. smoke:
         for a smoke test, which may then read only what smoke() keeps of it."""
 
@@ -92,12 +111,10 @@ class Family(Protocol):
         """Seconds of an untimed run (compile, autotune) before the timed ones; 0.0 when none is needed."""
 
     def train_run(self, cfg: Any, data: Any, device: torch.device, seed: int, *, world: dist.World | None = None,
-                  on_step: Callable[[int, int], None] | None = None, on_epoch: Callable[[dict], None] | None = None,
-                  checkpoints: Any = None, resume: dict[str, Any] | None = None,
-                  on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None) -> RunResult:
-        """One run: its accuracy, timed seconds, history and the trained model. checkpoints: run/resume.py's
-        Checkpoints (a layer above this one: Any here), or None; resume: a checkpoint's training state to continue
-        from. on_scalars: engine.loop.Steps's per-step hook (--tensorboard), None when off."""
+                  hooks: RunHooks | None = None, resume: dict[str, Any] | None = None) -> RunResult:
+        """One run: its accuracy, timed seconds, history and the trained model. hooks: what the caller hears of the
+        run and keeps of it (engine.loop.RunHooks: progress, table rows, each step's numbers, checkpoints), None
+        for none; resume: a checkpoint's training state to continue from."""
 
     def model_card(self, cfg: Any, data: Any) -> dict:
         """What a saved model needs besides its weights: classes, image shape, normalization, TTA level."""

@@ -23,7 +23,7 @@ from torch import nn
 from speedrun import dist
 from speedrun._version import __version__
 from speedrun.data import folder, limits
-from speedrun.data.loader import normalize
+from speedrun.data.loader import Normalization, normalize
 from speedrun.dist import unwrap
 from speedrun.engine.flops import on_meta
 from speedrun.engine.loop import evaluate
@@ -343,8 +343,8 @@ def evaluate_saved(path: str | os.PathLike, dataset: str, *, data_dir=None, imag
     shown.stage(os.fsdecode(path), n, model.passes(n))
     try:
         with torch.no_grad():
-            accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev), mean=model.mean,
-                                std=model.std, dtype=torch.float32, channels_last=False, tta_level=model.tta_level,
+            accuracy = evaluate(_Finite(model), data.test_images.to(dev), data.test_labels.to(dev),
+                                normalization=Normalization(model.mean, model.std), tta_level=model.tta_level,
                                 batch_size=batch_size, tta_select=model.tta_select, on_batch=shown.advance)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (errors.Terminated)
         note_stopped(interrupt, f"evaluation of {os.fsdecode(path)} stopped at {shown.images_done():,}/{n:,} images")

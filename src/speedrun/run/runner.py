@@ -1,32 +1,31 @@
 """Multi-run training: resolve recipe, world, data and device; train N seeds; summarize; write the result JSON.
 
 This is what `speedrun train` and `speedrun.train()` call. It knows no recipe family by name: it calls a family
-only through the contract in recipes/family.py, and the family owns the config, data, model and loop. This module
-owns the order of things: settings checked, world and data, checkpoints and resume (resume.py), the runs, the saved
-model (export.py); session.py keeps the result file, the database row and what is shown.
+only through the contract in recipes/family.py, and the family owns the config, data, model and loop. The run
+itself is prepared as every instrument prepares one (prepared.py: recipe, config, device, world, data, its
+identity, checks). This module owns the order of what train adds: the settings file, the outputs claimed,
+checkpoints and resume (resume.py), the runs, the saved model (export.py); session.py keeps the result file, the
+database row and what is shown.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from speedrun import dist
 from speedrun.config import apply_overrides, check_int, field_defaults
-from speedrun.data import limits
-from speedrun.engine import peak
 from speedrun.engine.checkpoint import list_checkpoints
-from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import Diverged, RunResult
-from speedrun.engine.system import resolve_device, setup_system
+from speedrun.engine.system import System, resolve_device
 from speedrun.errors import SpeedrunWarning, counted, escaped_refusals, warn
 from speedrun.models import custom
 from speedrun.paths import check_file_name, check_writable, user_path
@@ -39,36 +38,11 @@ from speedrun.records.result_file import check_result_path, claim_result_path, d
 from speedrun.run import display, export
 from speedrun.run import resume as resuming
 from speedrun.run import tensorboard as boards
+from speedrun.run.prepared import MAX_EPOCHS, MAX_RUNS, PreparedRun, RunRequest, count_flops, make_config, prepare
 from speedrun.run.session import Result, Session
 
-__all__ = ["RECIPES", "Result", "train", "make_config", "print_recipes"]
-
-MAX_RUNS = 10_000
-MAX_EPOCHS = 10_000.0
-
-
-def _check_epochs(epochs: Any) -> float:
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not math.isfinite(epochs) \
-            or not 0 < epochs <= MAX_EPOCHS:
-        raise ValueError(f"epochs (--epochs) must be a number in (0, {MAX_EPOCHS:g}], got {epochs!r}")
-    return float(epochs)
-
-
-def make_config(recipe: Recipe, epochs: float | None, overrides: dict[str, Any]):
-    """The recipe's config with overrides applied; --epochs compresses the whole schedule to fit.
-
-    `--set epochs=E` sets the field alone; giving it and --epochs is ambiguous and refused.
-    """
-    if epochs is not None and "epochs" in overrides:
-        # the setting may come from --set, --vary, --space or a settings file: name them all, not one never given
-        raise ValueError("epochs is given twice: --epochs (the whole schedule compressed) and a setting epochs= "
-                         "(--set, --vary, --space or a settings file: the field alone); keep one")
-    cfg = apply_overrides(recipe.make_config(), overrides)
-    if epochs is not None:
-        cfg = recipe.module().with_epochs(cfg, _check_epochs(epochs))
-    cfg.validate()
-    return cfg
-
+__all__ = ["MAX_EPOCHS", "MAX_RUNS", "RECIPES", "Result", "TrainOptions", "count_flops", "make_config",
+           "print_recipes", "train"]
 
 def _tuned(settings, recipe: Recipe, device: str) -> tuple[dict[str, str], dict | None]:
     """The overrides of the settings file (`settings`, else $SPEEDRUN_SETTINGS; False: none, whatever the
@@ -128,14 +102,7 @@ def _settings_line(used: dict, applied: dict[str, str]) -> str:
             + (f" (--set gave {', '.join(overridden)})" if overridden else ""))
 
 
-def count_flops(family, cfg, data) -> RunFlops | None:
-    """The family's count of what one run computes, or None (warned) where the counter cannot follow the model:
-    the count is an instrument, and a run never fails for it."""
-    try:
-        return family.flops(cfg, data)
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-        warn(f"FLOPs not counted ({type(e).__name__}: {' '.join(str(e).split())[:120]}); the result has no MFU")
-        return None
+_PATH_LIKE = (str, os.PathLike, type(None))
 
 
 def _check_types(**values: tuple[Any, tuple[type, ...], str]) -> None:
@@ -157,230 +124,314 @@ def _check_result_output(json_path: str | os.PathLike) -> None:
     check_writable(user_path(json_path, "--json").parent, "--json", "choose a writable path (--json)", folder=True)
 
 
-@escaped_refusals
-def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
-          epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | None = None,
-          image_size: int | None = None, json_path: str | Path | None = None, verbose: bool = False,
-          summary: bool | str | None = None, command: str | None = None, smoke: bool = False,
-          checkpoint_dir: str | Path | None = None, checkpoint_every: int | None = None, keep_checkpoints: int = 2,
-          resume: str | Path | None = None, save: str | Path | None = None, price_per_hour: float | None = None,
-          db: str | Path | None = None, strict: bool = False, settings: str | Path | bool | None = None,
-          tensorboard: str | Path | None = None, overrides: dict[str, Any] | None = None,
-          **config_overrides: Any) -> Result:
-    """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
+@dataclass(frozen=True)
+class TrainOptions:
+    """What train() does besides training: the files it writes, checkpoints and resuming, what it shows. Each
+    field is a keyword of train() too: train(..., json_path="auto", save="m") or train(..., options=TrainOptions(...)).
 
-    `config_overrides` (or the dict `overrides`, which may hold any key, `epochs` included) are config fields,
-    e.g. train("cifar10-94", lookahead=False, batch_size=512).
     json_path: where to write the result JSON, claimed before any data is read (an existing file is never replaced:
     that is an error); "auto" picks a new results/<time>-<recipe>-<dataset>.json; None writes nothing. The file is
     rewritten after every run, so a crash keeps the runs that ended ("complete": false).
     verbose: progress, tables and notes on stderr; summary: the summary table on stdout (default: as verbose), or
     "lines": the result's statistics and its verdict on the target, a line each (the CLI's --quiet).
-    smoke: a pipeline check in seconds: a few steps on a little of the test set, no TTA; marked as such.
     checkpoint_dir: save the training state there every `checkpoint_every` steps (default: ten times a run), at the
     end of each run and on SIGINT/SIGTERM, keeping the newest `keep_checkpoints`. resume: a checkpoint file, or
     "auto" for the newest usable one in checkpoint_dir (none yet: start afresh); under torchrun a restarted worker
     group resumes by itself. save: write the last run's trained network there (export.py; `speedrun.load`).
     price_per_hour: US dollars per device-hour for the result's cost (default: records/cost.py's table by device name).
+    db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened
+    and migrated before any work; a failure to store it later is a warning (the JSON file has it).
     strict: refuse to train (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
     without it each is a warning, and every result lists them (environment.debug_apis).
     settings: a settings file written by `speedrun tune --apply` (None: $SPEEDRUN_SETTINGS, if set; False: none):
     its values (tune's performance settings only: settings_file.KEYS) apply under the overrides, a line says so, and
     the result records them; a file for another recipe or device type is refused (one from the environment is
     skipped with a warning), and so is any refusal its values cause, naming the file.
-    db: also store the result in this results database (records/db.py; the CLI passes its default_db_path()), opened and
-    migrated before any work; a failure to store it later is a warning (the JSON file has it).
     tensorboard: write TensorBoard event files under this folder (run/tensorboard.py): a new folder
     <time>-<recipe> per call, made and proved writable before any data is read, with a run seed-<n> per seed.
+    """
+
+    json_path: str | os.PathLike | None = None
+    verbose: bool = False
+    summary: bool | str | None = None
+    command: str | None = None  # the command line the result records (the CLI's)
+    checkpoint_dir: str | os.PathLike | None = None
+    checkpoint_every: int | None = None  # steps
+    keep_checkpoints: int = 2
+    resume: str | os.PathLike | None = None
+    save: str | os.PathLike | None = None
+    price_per_hour: float | None = None  # US dollars per device-hour
+    db: str | os.PathLike | None = None
+    strict: bool = False
+    settings: str | os.PathLike | bool | None = None
+    tensorboard: str | os.PathLike | None = None
+
+    @classmethod
+    def split(cls, options: TrainOptions | None, keywords: dict[str, Any]) -> tuple[TrainOptions, dict[str, Any]]:
+        """(the options, checked, from `options` and the keywords that name one; the other keywords)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in keywords.items() if k in names}
+        if options is not None and not isinstance(options, cls):
+            raise ValueError(f"options={options!r:.80} is not a TrainOptions")
+        if options is not None and given:
+            raise ValueError(f"{', '.join(sorted(given))} given both as a keyword and in options; give each once")
+        chosen = dataclasses.replace(options or cls(), **given)
+        return chosen.checked(), {k: v for k, v in keywords.items() if k not in names}
+
+    def checked(self) -> TrainOptions:
+        _check_types(json_path=(self.json_path, _PATH_LIKE, "a file path, 'auto' or None (--json)"),
+                     checkpoint_dir=(self.checkpoint_dir, _PATH_LIKE, "a folder path (--checkpoint-dir)"),
+                     resume=(self.resume, _PATH_LIKE, "a checkpoint path, 'auto' or None (--resume)"),
+                     save=(self.save, _PATH_LIKE, "a file path (--save)"),
+                     db=(self.db, _PATH_LIKE, "a file path (--db)"),
+                     tensorboard=(self.tensorboard, _PATH_LIKE, "a folder path (--tensorboard)"),
+                     settings=(None if self.settings is False else self.settings, _PATH_LIKE,
+                               "a settings file path, None or False (--settings)"),
+                     strict=(self.strict, (bool,), "True or False (--strict)"),
+                     verbose=(self.verbose, (bool,), "True or False"),
+                     summary=(self.summary, (bool, str, type(None)), "True, False, \"lines\" or None"),
+                     command=(self.command, (str, type(None)), "a string or None"))
+        if isinstance(self.summary, str) and self.summary != "lines":
+            raise ValueError(f"summary={self.summary!r:.80} is not True, False, \"lines\" or None")
+        every = self.checkpoint_every
+        return dataclasses.replace(
+            self, keep_checkpoints=check_int("keep_checkpoints", "--keep-checkpoints", self.keep_checkpoints, 1, 10**6),
+            checkpoint_every=None if every is None else check_int("checkpoint_every", "--checkpoint-every", every, 1,
+                                                                  2**62))
+
+
+@escaped_refusals
+def train(recipe: str = "cifar10-94", dataset: str | None = None, *, device: str = "auto",
+          epochs: float | None = None, runs: int = 1, seed: int = 0, data_dir: str | os.PathLike | None = None,
+          image_size: int | None = None, smoke: bool = False, options: TrainOptions | None = None,
+          overrides: dict[str, Any] | None = None, **keywords: Any) -> Result:
+    """Train `runs` seeds of `recipe` on `dataset` and return a Result (with the last run's model).
+
+    keywords: config fields, e.g. train("cifar10-94", lookahead=False, batch_size=512), or the dict `overrides`
+    (which may hold any key, `epochs` included); and TrainOptions' fields (json_path, save, checkpoint_dir, ...),
+    or `options`. smoke: a pipeline check in seconds: a few steps on a little of the test set, no TTA; marked as
+    such. model (a config field of the in-memory recipes): the user's network, a function or "MODULE:FUNCTION".
     Under torchrun (dist.py) every process calls this; rank 0 alone prints and writes.
     Every setting is checked before data is read, and the data against the config before any step is taken.
     """
     began = time.perf_counter()
-    path_like = (str, os.PathLike, type(None))
-    _check_types(dataset=(dataset, path_like, "a dataset name or path (--dataset)"),
+    _check_types(dataset=(dataset, _PATH_LIKE, "a dataset name or path (--dataset)"),
                  device=(device, (str,), "a device name such as 'cpu' (--device)"),
-                 data_dir=(data_dir, path_like, "a folder or archive path (--data-dir)"),
-                 json_path=(json_path, path_like, "a file path, 'auto' or None (--json)"),
-                 checkpoint_dir=(checkpoint_dir, path_like, "a folder path (--checkpoint-dir)"),
-                 resume=(resume, path_like, "a checkpoint path, 'auto' or None (--resume)"),
-                 save=(save, path_like, "a file path (--save)"), db=(db, path_like, "a file path (--db)"),
-                 tensorboard=(tensorboard, path_like, "a folder path (--tensorboard)"),
-                 settings=(None if settings is False else settings, path_like,
-                           "a settings file path, None or False (--settings)"),
+                 data_dir=(data_dir, _PATH_LIKE, "a folder or archive path (--data-dir)"),
                  overrides=(overrides, (dict, type(None)), "a dict of config keys to values (--set)"),
-                 smoke=(smoke, (bool,), "True or False (--smoke)"),
-                 strict=(strict, (bool,), "True or False (--strict)"), verbose=(verbose, (bool,), "True or False"),
-                 summary=(summary, (bool, str, type(None)), "True, False, \"lines\" or None"),
-                 command=(command, (str, type(None)), "a string or None"))
-    if isinstance(summary, str) and summary != "lines":
-        raise ValueError(f"summary={summary!r:.80} is not True, False, \"lines\" or None")
+                 smoke=(smoke, (bool,), "True or False (--smoke)"))
+    opts, keywords = TrainOptions.split(options, keywords)
     rec = get_recipe(recipe)
-    family = rec.module()
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
-    keep_checkpoints = check_int("keep_checkpoints", "--keep-checkpoints", keep_checkpoints, 1, 10**6)
-    if checkpoint_every is not None:
-        checkpoint_every = check_int("checkpoint_every", "--checkpoint-every", checkpoint_every, 1, 2**62)
-    tuned, settings_used = _tuned(settings, rec, device)
-    given = {**(overrides or {}), **config_overrides}
+    tuned, settings_used = _tuned(opts.settings, rec, device)
+    given = {**(overrides or {}), **keywords}
     if callable(given.get("model")) or given.get("model"):  # train(model=build or "MODULE:FUNCTION"): the user's
         given["model"] = custom.use_builder(given["model"])  # network (models/custom.py), recorded by its name
     applied = {k: v for k, v in tuned.items() if k not in given}  # --set wins over the file
+    request = RunRequest(rec.name, dataset, device, epochs, {**tuned, **given}, data_dir, image_size, smoke)
     with _naming_settings(settings_used, applied):
-        cfg = make_config(rec, epochs, {**tuned, **given})
-    cost.price_for("", price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
-    world = dist.from_env()
-    dev = dist.device_for(world, resolve_device(device))
-    limits.max_dataset_bytes()  # the environment's limit, checked with the settings, before any file is touched
-    dataset = rec.default_dataset if dataset is None else os.fspath(dataset)  # "" is a mistake, not the default
-    world = dist.init(world, dev)
-    show = display.Display(verbose and world.is_main, summary if world.is_main else False)
-    claimed, in_step, database, session, board = None, False, None, None, None
-    # A result path given anew is claimed before anything else is made (the checkpoint and TensorBoard folders, the
-    # database): one that cannot be claimed then leaves none of them behind. A resumed command may continue the
-    # result file of its checkpoint instead (plan.continued_result, once the checkpoint is found), and "auto" makes
-    # its folder: both are checked here (what can be told without making anything) and claimed below.
-    early = json_path is not None and json_path != "auto" and resume is None and world.restarts == 0
-    try:
-        if early:  # json_path is given (early says so), which the lambda cannot tell
-            chosen = dist.main_first(world, lambda: claim_result_path(cast("str | Path", json_path)), everyone=False)
-            if world.is_main:
-                json_path = claimed = chosen
-        elif json_path is not None:
-            dist.main_first(world, lambda: _check_result_output(json_path), everyone=False)
-        plan = resuming.Plan.make(checkpoint_dir, checkpoint_every, keep_checkpoints, resume, world)
-        save_path = export.check_save(save, world, json_path)
-        if tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
-            board = dist.main_first(world, lambda: boards.open_board(tensorboard, rec.name), everyone=False)
+        cfg = make_config(rec, epochs, request.overrides)
+    cost.price_for("", opts.price_per_hour)  # the price, or SPEEDRUN_PRICES's table, checked with the settings
+    job = _Job(prepare(request, cfg=cfg), opts, runs, seed, settings_used, applied)
+    with contextlib.ExitStack() as stack:  # released in reverse: what the job opened, the claim, the world
+        stack.callback(lambda: dist.shutdown(job.run.world, job.in_step))
+        stack.callback(job.release)
+        stack.callback(job.show.close)
         with warnings.catch_warnings():
-            if not world.is_main:  # every process checks the same things: one copy of each warning is enough
+            if not job.run.world.is_main:  # every process checks the same things: one copy of each warning will do
                 warnings.simplefilter("ignore", SpeedrunWarning)
-            debug_apis.guard(strict, dev)
-            if db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
-                database = dist.main_first(world, lambda: results_db.connect(db), everyone=False)
-            found = plan.find(world, show.line)  # the checkpoint to resume, if any (before the result is claimed)
-            done: dict | Result | None  # the finished job's result as its file holds it, then as a Result
-            done = plan.finished_job(found, runs, {"recipe": rec.name, "dataset": dataset,
-                                                   "config": dataclasses.asdict(cfg), "seed": seed},
-                                     family.MAY_DIFFER_ON_RESUME, database, world, field_defaults(cfg))
+            found = job.open_outputs(stack)
+            done = job.finished(found)
             if done is not None:  # --resume auto in a job that finished: its result, nothing run or stored again
-                done = Result.from_dict(done)
-                show.summary(done)
-                in_step = True
                 return done
-            if json_path is not None and not early:  # claimed now by rank 0, once the checkpoint is known
-
-                def claim():
-                    continued = plan.continued_result(found, json_path)
-                    return continued or (default_result_path(rec.name, dataset) if json_path == "auto"
-                                         else claim_result_path(json_path))
-
-                chosen = dist.main_first(world, claim, everyone=False)
-                if world.is_main:
-                    json_path = claimed = chosen
-            start = time.perf_counter()
-            # rank 0 first: what it writes once (a download, a decoded cache) the others then read
-            data = dist.main_first(world, lambda: family.load_data(dataset, data_dir=data_dir, image_size=image_size,
-                                                                   log=show.line, smoke=smoke))
-            data_seconds = time.perf_counter() - start
-            if getattr(data, "unofficial", "") and data_dir is not None:
-                # A copy of a named dataset that is not its published files (data/sources.py warned): recorded
-                # under the path it came from, so it never enters the named dataset's leaderboard.
-                dataset = os.fspath(data_dir)
-            with _naming_settings(settings_used, applied):  # a batch_size from the file too large here, say
-                if smoke:
-                    cfg, data = family.smoke(cfg, data)
-                for message in family.check(cfg, data, dev, world):
-                    warn(message)
-                system = setup_system(cfg, dev)  # the precision auto resolves to here; the CPU threads the runs use
-            if save_path is not None and world.is_main:  # what the save would refuse, refused before training
-                export.check_card(family.model_card(cfg, data), rec, cfg, dataset, smoke)
-            # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
-            meta = None if plan.directory is None and found is None else {
-                "recipe": rec.name, "dataset": dataset, "config": dataclasses.asdict(cfg),
-                "data": family.data_signature(data), "seed": seed,
-                # what precision=auto resolved to here: a resumed run must continue at the precision it began with
-                "device_type": dev.type, "precision_used": system.precision,
-                "half_weights_used": system.half_weights}
-            with _naming_settings(settings_used, applied):
-                first_run, state, finished = plan.check_found(found, meta, family.MAY_DIFFER_ON_RESUME, runs,
-                                                              field_defaults(cfg))
-            show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
-            env = environment(dev)
-            show.line(f"device: {dev.type} ({env['device_name']})"
-                      + (" -- chosen by --device auto" if device == "auto" else "")
-                      + (f"; {world.size} processes on {counted(world.nodes, 'node')}, {world.backend}"
-                         if world.size > 1 else ""))
-            show.line(f"data: {family.describe(data)} ({data_seconds:.1f} s to load)")
-            if settings_used is not None:  # it changes the run unseen otherwise ($SPEEDRUN_SETTINGS is set once)
-                show.line(_settings_line(settings_used, applied))
-            for note in family.notes(cfg, data, smoke):
-                show.line(note)
-            result = Result(recipe=rec.name, dataset=dataset, device=dev.type, config=dataclasses.asdict(cfg),
-                            runs=finished, environment=env, data_seconds=data_seconds, runs_requested=runs,
-                            smoke_test=smoke, image_size=image_size, command=command,
-                            timed_region=family.timed_region(cfg), world=world.to_dict(),
-                            resumed_from=[str(found[2])] if found else [],
-                            price=cost.price_for(env["device_name"], price_per_hour),
-                            flops=count_flops(family, cfg, data), precision=system.precision,
-                            peaks=peak.cached(dev, env["device_name"]), settings=settings_used)
-            checkpoints = plan.checkpoints(meta, json_path, world)
-
-        session = Session(result, json_path=json_path, database=database, db=db, world=world, show=show,
-                          began=began)
-
+            job.claim_result(found)
+            job.load_and_check()
+            first_run, state = job.begin(found)
+        session = job.session = Session(job.result, json_path=job.json_path, database=job.database, db=opts.db,
+                                        world=job.run.world, show=job.show, began=began)
         try:
-            try:
-                result.warmup_seconds = family.warmup(cfg, data, dev, world)
-            except Diverged as e:  # shuffled labels; compile and autotuning happened before the bad step
-                warn(f"the warm-up run {e}")
-            if result.warmup_seconds:
-                show.line(f"warm-up run (untimed, shuffled labels): {result.warmup_seconds:.1f} s")
-            for i in range(first_run, runs):
-                if checkpoints is not None:
-                    checkpoints.begin(i, result.runs)
-                with boards.run_log(board, cfg, seed=seed + i, dataset=dataset,
-                                    steps=family.run_steps(cfg, data.num_train)) as log:
-                    try:
-                        with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
-                            run = family.train_run(cfg, data, dev, seed + i, world=world, on_step=on_step,
-                                                   on_epoch=boards.on_epoch_too(log, on_epoch),
-                                                   checkpoints=checkpoints, resume=state if i == first_run else None,
-                                                   on_scalars=None if log is None else log.scalars)
-                    except Diverged as e:
-                        warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
-                        run = RunResult(seed=seed + i, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                        steps=e.step, diverged=e.to_dict())
-                result.model, run.model = run.model, None  # keep one model alive, not N
-                result.runs.append(run)
-                result.complete = len(result.runs) == runs
-                session.save()  # after every run: a crash or kill later keeps this one
-            if save_path is not None and world.is_main and result.model is not None:
-                result.saved_model = export.save_trained(save_path, result.model, family.model_card(cfg, data), rec,
-                                                         cfg, dataset, result.runs[-1], smoke)
-                show.line(f"saved model: {result.saved_model}")
-                session.save()
+            job.train_runs(first_run, state)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, and SIGTERM through errors.Terminated
-            kept = plan.directory if plan.directory and list_checkpoints(plan.directory) else None
-            session.keep_interrupted(interrupt, kept)
-            in_step = getattr(interrupt, "in_step", False)
+            plan = job.plan
+            session.keep_interrupted(interrupt, plan.directory if plan.directory and list_checkpoints(plan.directory)
+                                     else None)
+            job.in_step = getattr(interrupt, "in_step", False)
             raise
         except Exception as failure:  # an error after some runs ended: kept too
             session.keep_failed(failure)
             raise
         session.store()
         session.report()
-        in_step = True
+        job.in_step = True
+    return job.result
+
+
+class _Job:
+    """One train() call after its settings are checked: the prepared run and what the call claims, opens and
+    shows, in the order train() takes them. The release of each is pushed on train()'s ExitStack as it is made."""
+
+    def __init__(self, run: PreparedRun, opts: TrainOptions, runs: int, seed: int, settings_used: dict | None,
+                 applied: dict[str, str]) -> None:
+        self.run, self.opts, self.runs, self.seed = run, opts, runs, seed
+        self.settings_used, self.applied = settings_used, applied
+        world = run.world
+        self.show = display.Display(opts.verbose and world.is_main, opts.summary if world.is_main else False)
+        self.json_path = cast("str | Path | None", opts.json_path)  # a path-like as given, or the claimed Path
+        self.claimed: Path | None = None
+        self.database: Any = None
+        self.session: Session | None = None
+        self.in_step = False  # every process got to the end alike (dist.shutdown waits for the others then)
+        self.result: Result
+
+    def naming(self) -> contextlib.AbstractContextManager:
+        return _naming_settings(self.settings_used, self.applied)
+
+    def release(self) -> None:
+        """A result path claimed and never written is given back (removed only if still empty)."""
+        if self.claimed is not None and (self.session is None or not self.session.written):
+            release_result_path(self.claimed)
+
+    def open_outputs(self, stack: contextlib.ExitStack) -> resuming.Found | None:
+        """The result path given anew, claimed before anything else is made (the checkpoint and TensorBoard
+        folders, the database): one that cannot be claimed leaves none of them behind. A resumed command may
+        continue the result file of its checkpoint instead (claim_result, once the checkpoint is found), and
+        "auto" makes its folder: both are checked here (what can be told without making anything). Returns the
+        checkpoint to resume, if any."""
+        opts, world, rec = self.opts, self.run.world, self.run.recipe
+        path = self.json_path
+        self.early = path is not None and path != "auto" and opts.resume is None and world.restarts == 0
+        if self.early:
+            chosen = dist.main_first(world, lambda: claim_result_path(cast("str | Path", path)), everyone=False)
+            if world.is_main:
+                self.json_path = self.claimed = chosen
+        elif path is not None:
+            dist.main_first(world, lambda: _check_result_output(path), everyone=False)
+        self.plan = resuming.Plan.make(opts.checkpoint_dir, opts.checkpoint_every, opts.keep_checkpoints,
+                                       opts.resume, world)
+        self.save_path = export.check_save(opts.save, world, self.json_path)
+        self.board = None
+        if opts.tensorboard is not None:  # rank 0 writes the event files; its refusal ends every process
+            self.board = dist.main_first(world, lambda: boards.open_board(opts.tensorboard, rec.name), everyone=False)
+            if self.board is not None:
+                stack.callback(self.board.close)
+        debug_apis.guard(opts.strict, self.run.device)
+        if opts.db is not None:  # created or migrated now, by rank 0: a bad --db ends every process before any work
+            self.database = dist.main_first(world, lambda: results_db.connect(opts.db), everyone=False)
+            if self.database is not None:
+                stack.callback(self.database.close)
+        return self.plan.find(world, self.show.line)  # the checkpoint to resume (before the result is claimed)
+
+    def finished(self, found: resuming.Found | None) -> Result | None:
+        """The finished job's result as its file holds it, when --resume auto finds the job done; else None."""
+        run = self.run
+        done = self.plan.finished_job(found, self.runs, {"recipe": run.recipe.name, "dataset": run.dataset,
+                                                         "config": dataclasses.asdict(run.cfg), "seed": self.seed},
+                                      run.family.MAY_DIFFER_ON_RESUME, self.database, run.world,
+                                      field_defaults(run.cfg))
+        if done is None:
+            return None
+        result = Result.from_dict(done)
+        self.show.summary(result)
+        self.in_step = True
         return result
-    finally:
-        show.close()
-        if board is not None:
-            board.close()
-        if database is not None:
-            database.close()
-        if claimed is not None and (session is None or not session.written):
-            release_result_path(claimed)  # removes it only if still empty
-        dist.shutdown(world, in_step)
+
+    def claim_result(self, found: resuming.Found | None) -> None:
+        """A result path not claimed early: by rank 0, now that the checkpoint is known."""
+        path, run = self.json_path, self.run
+        if path is None or self.early:
+            return
+
+        def claim():
+            continued = self.plan.continued_result(found, path)
+            return continued or (default_result_path(run.recipe.name, run.dataset) if path == "auto"
+                                 else claim_result_path(path))
+
+        chosen = dist.main_first(run.world, claim, everyone=False)
+        if run.world.is_main:
+            self.json_path = self.claimed = chosen
+
+    def load_and_check(self) -> None:
+        """The data, then the smoke cut and the family's checks against it (naming a settings file's values), and
+        what a save would refuse, refused before training."""
+        run = self.run
+        run.load(self.show.line)
+        with self.naming():  # a batch_size from the settings file too large here, say
+            run.checked()
+        if self.save_path is not None and run.world.is_main:
+            export.check_card(run.family.model_card(run.cfg, run.data), run.recipe, run.cfg, run.dataset,
+                              run.request.smoke)
+
+    def begin(self, found: resuming.Found | None) -> tuple[int, dict | None]:
+        """The checkpoint's agreement with this job checked, the lines shown before training, the Result to fill
+        and the checkpoints to write. Returns (the first run to train, the training state it resumes from)."""
+        run, show = self.run, self.show
+        system = cast("System", run.system)
+        # What a checkpoint records and a resume must match (the data's hash only when checkpoints are used).
+        meta = None if self.plan.directory is None and found is None else {
+            "recipe": run.recipe.name, "dataset": run.dataset, "config": dataclasses.asdict(run.cfg),
+            "data": run.family.data_signature(run.data), "seed": self.seed,
+            # what precision=auto resolved to here: a resumed run must continue at the precision it began with
+            "device_type": run.device.type, "precision_used": system.precision,
+            "half_weights_used": system.half_weights}
+        with self.naming():
+            first_run, state, finished = self.plan.check_found(found, meta, run.family.MAY_DIFFER_ON_RESUME,
+                                                               self.runs, field_defaults(run.cfg))
+        show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
+        env = environment(run.device)
+        world = run.world
+        show.line(f"device: {run.device.type} ({env['device_name']})"
+                  + (" -- chosen by --device auto" if run.request.device == "auto" else "")
+                  + (f"; {world.size} processes on {counted(world.nodes, 'node')}, {world.backend}"
+                     if world.size > 1 else ""))
+        show.line(f"data: {run.family.describe(run.data)} ({run.data_seconds:.1f} s to load)")
+        if self.settings_used is not None:  # it changes the run unseen otherwise ($SPEEDRUN_SETTINGS is set once)
+            show.line(_settings_line(self.settings_used, self.applied))
+        for note in run.family.notes(run.cfg, run.data, run.request.smoke):
+            show.line(note)
+        self.result = run.result(finished, env=env, runs_requested=self.runs, command=self.opts.command,
+                                 resumed_from=[str(found[2])] if found else [],
+                                 price=cost.price_for(env["device_name"], self.opts.price_per_hour),
+                                 settings=self.settings_used)
+        self.checkpoints = self.plan.checkpoints(meta, self.json_path, world)
+        return first_run, state
+
+    def train_runs(self, first_run: int, state: dict | None) -> None:
+        """The warm-up, then each run in turn, the result saved after every one (a crash later keeps it); the last
+        run's model saved when asked."""
+        run, result, show, session = self.run, self.result, self.show, cast("Session", self.session)
+        family, cfg, data, runs, seed = run.family, run.cfg, run.data, self.runs, self.seed
+        try:
+            result.warmup_seconds = family.warmup(cfg, data, run.device, run.world)
+        except Diverged as e:  # shuffled labels; compile and autotuning happened before the bad step
+            warn(f"the warm-up run {e}")
+        if result.warmup_seconds:
+            show.line(f"warm-up run (untimed, shuffled labels): {result.warmup_seconds:.1f} s")
+        for i in range(first_run, runs):
+            if self.checkpoints is not None:
+                self.checkpoints.begin(i, result.runs)
+            with boards.run_log(self.board, cfg, seed=seed + i, dataset=run.dataset,
+                                steps=family.run_steps(cfg, data.num_train)) as log:
+                try:
+                    with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
+                        hooks = boards.run_hooks(log, on_step=on_step, on_epoch=on_epoch,
+                                                 checkpoints=self.checkpoints)
+                        one = family.train_run(cfg, data, run.device, seed + i, world=run.world, hooks=hooks,
+                                               resume=state if i == first_run else None)
+                except Diverged as e:
+                    warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
+                    one = RunResult(seed=seed + i, accuracy=None, train_seconds=None, epochs=cfg.epochs,
+                                    steps=e.step, diverged=e.to_dict())
+            result.model, one.model = one.model, None  # keep one model alive, not N
+            result.runs.append(one)
+            result.complete = len(result.runs) == runs
+            session.save()  # after every run: a crash or kill later keeps this one
+        if self.save_path is not None and run.world.is_main and result.model is not None:
+            result.saved_model = export.save_trained(self.save_path, result.model,
+                                                     family.model_card(cfg, data), run.recipe, cfg, run.dataset,
+                                                     result.runs[-1], run.request.smoke)
+            show.line(f"saved model: {result.saved_model}")
+            session.save()
 
 
 def print_recipes(file=sys.stdout) -> None:

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from speedrun.engine.loop import RunHooks
 from speedrun.errors import warn
 from speedrun.paths import check_writable, in_the_way, make_folder, user_path
 
@@ -269,6 +270,14 @@ def run_log(board: Board | None, cfg: Any, **run: Any) -> Iterator[RunLog | None
         yield log
     finally:
         log.close()
+
+
+def run_hooks(log: RunLog | None, *, on_step: Callable[[int, int], None] | None = None,
+              on_epoch: Callable[[dict], None] | None = None, checkpoints: Any = None) -> RunHooks:
+    """A run's hooks (engine.loop.RunHooks) with the log's (each step's numbers, each table row) added to the
+    caller's progress, table and checkpoints; the caller's alone without a log."""
+    return RunHooks(on_step=on_step, on_epoch=on_epoch_too(log, on_epoch),
+                    on_scalars=None if log is None else log.scalars, checkpoints=checkpoints)
 
 
 def on_epoch_too(log: RunLog | None, on_epoch: Callable[[dict], None] | None) -> Callable[[dict], None] | None:

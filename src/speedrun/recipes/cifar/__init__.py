@@ -23,14 +23,17 @@ device synchronization. Data loading, the upload to the device, per-epoch evalua
 compile warm-up run are outside it and reported separately.
 
 The family as the registry and the runner see it (recipes/family.py's Family): config.py holds the settings and
-variants, data.py loads and checks the data, loop.py trains one run.
+variants, data.py its own checks and tricks, loop.py its network, optimizers and what it adds to the shared
+in-memory run; the answers it gives alike with cifar_resnet, and the training loop, are in recipes/in_memory/.
 """
 
-from speedrun.recipes.cifar.config import (MAY_DIFFER_ON_RESUME, CifarConfig, cifar10_94, cifar10_94_hiverge,
-                                           cifar10_94_muon, cifar10_95, cifar10_96, final_evaluation, timed_region)
-from speedrun.recipes.cifar.data import (TRICKS, check, check_data, data_signature, describe, epochs_for_steps,
-                                         idle_tricks, load_data, model_card, notes, run_steps, smoke, with_epochs)
+from speedrun.recipes.cifar.config import (CifarConfig, cifar10_94, cifar10_94_hiverge, cifar10_94_muon, cifar10_95,
+                                           cifar10_96)
+from speedrun.recipes.cifar.data import TRICKS, check, check_data, idle_tricks
 from speedrun.recipes.cifar.loop import TrainState, build_model, build_optimizers, flops, train_run, train_step, warmup
+from speedrun.recipes.in_memory.config import MAY_DIFFER_ON_RESUME, final_evaluation, timed_region
+from speedrun.recipes.in_memory.data import (data_signature, describe, epochs_for_steps, load_data, model_card, notes,
+                                             run_steps, smoke, with_epochs)
 
 __all__ = ["MAY_DIFFER_ON_RESUME", "CifarConfig", "cifar10_94", "cifar10_94_hiverge", "cifar10_94_muon", "cifar10_95",
            "cifar10_96", "final_evaluation", "timed_region", "TRICKS", "idle_tricks", "check", "check_data",

@@ -6,33 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+from speedrun.data.loader import Augmentation
 from speedrun.models.custom import check_name
+from speedrun.recipes.in_memory.config import MAX_EPOCHS, InMemoryConfig, refuse
 
-
-def final_evaluation(cfg: CifarConfig) -> str:
-    if not cfg.tta_level:
-        return "final evaluation without TTA"
-    if cfg.tta_select and cfg.tta_select < 1:
-        return (f"final evaluation with TTA level {cfg.tta_level} on the {cfg.tta_select:.0%} least confident test "
-                "images")
-    return f"final evaluation with TTA level {cfg.tta_level}"
-
-
-def timed_region(cfg: CifarConfig) -> str:
-    """What train_seconds covers, for the result file and the summary (as airbench times)."""
-    return (f"whitening init + training + {final_evaluation(cfg)}, device-synchronized; excludes data loading, upload, "
-            "per-epoch table evaluations, checkpoint writes and the warm-up run")
-
-# Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
-MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
-
-
-# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
-# the machine away before the first step.
-MAX_BATCH = 1 << 16
+# Bounds that no sensible run crosses; they keep a typo (widths=...,1000000) from allocating the machine away before
+# the first step (in_memory/config.py holds the batch's and the epochs').
 MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias_lr_mult = 64
 # The smallest lr setting and multiplier: weight decay is decoupled as wd / lr (tricks/decoupled_sgd.py, and the
 # Muon recipe's SGD groups), so a tiny lr makes a weight decay past float32's 3.4e38, which torch refuses mid-step,
@@ -40,15 +21,20 @@ MAX_FLOAT_SETTING = 1e4  # the largest default is lr_per_1024 = 11.5, times bias
 MIN_LR_SETTING = 1e-6
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: an lr below it is 0 or imprecise there
-MAX_EPOCHS = 10_000.0
 MAX_GROUPS = 8
 MAX_WIDTH = 8192
+NONNEG = ("weight_decay_per_1024", "lr_start_mult", "lr_end_mult", "muon_lr", "muon_weight_decay_per_example",
+          "whiten_bias_epochs", "translate_px", "cutout_px", "cutmix_px")
+# Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0, nor so small
+# that wd / lr leaves float32 (MIN_LR_SETTING); muon_lr may be 0 (Muon has no weight decay).
+POSITIVE = ("lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr")
 
 
 @dataclass(frozen=True)
-class CifarConfig(SystemConfig):
-    """Settings of the cifar family; the device-side ones (precision, channels_last, compile, cudnn_benchmark,
-    check_finite_loss, sync_bn) come from config.SystemConfig, shared by every family."""
+class CifarConfig(InMemoryConfig):
+    """Settings of the cifar family; those every in-memory family shares (the schedule's shape, augmentation,
+    whitening, Lookahead, TTA, evaluation) come from in_memory.config.InMemoryConfig at airbench94's values, the
+    device-side ones (precision, channels_last, compile, ...) from config.SystemConfig."""
 
     # precision=auto is bf16 autocast on a CPU with native bf16 instructions: cifar10-94 at 3 epochs on the JPEG
     # copy of CIFAR-10, side by side at the same steps (n = 2 a side, one invocation): 85.35 ± 0.16% in fp32 and
@@ -63,21 +49,10 @@ class CifarConfig(SystemConfig):
     CUDA_AUTO_PRECISION: ClassVar[str] = "fp16"
     HALF_WEIGHTS_AUTO_ON_CUDA: ClassVar[bool] = True
 
-    # every epoch's last partial batch was trained on before drop_last_batch existed
-    BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {**SystemConfig.BEFORE_IT_EXISTED, "drop_last_batch": False}
-
-    target_accuracy: float = 0.94  # fraction; the share of runs reaching it is reported
-    # Schedule
-    batch_size: int = 1024
-    epochs: float = 9.9  # fractional epochs count steps exactly: ceil(epochs * (N // batch_size)) (drop_last_batch)
-    drop_last_batch: bool = True  # each epoch's last partial batch dropped, as airbench: 476 steps, not 484
-    # Augmentation (speedrun/data/augment.py)
-    flip: Literal["none", "random", "alternating"] = "alternating"
-    translate_px: int = 2  # random shift with reflect padding, in pixels
+    # Augmentation (speedrun/data/augment.py) beyond the shared flip and translate
     cutout_px: int = 0  # side of the zeroed square; 0 = off
     cutmix_px: int = 0  # side of the pasted square; 0 = off
-    # Network (speedrun/models/cifar_net.py)
-    widths: tuple[int, ...] = (64, 256, 256)
+    # Network (speedrun/models/cifar_net.py); widths are the shared setting
     convs_per_group: int = 2  # 3 = airbench96's residual groups
     activation: Literal["gelu", "relu", "silu", "celu"] = "gelu"
     logit_scale: float = 1 / 9  # scaled logits: the head's output is multiplied by this
@@ -85,29 +60,16 @@ class CifarConfig(SystemConfig):
     bn_eps: float = 1e-12
     bn_scale_frozen: bool = True  # BN scales fixed at 1, only biases learn
     dirac_init: bool = True  # identity init of 3x3 convs (tricks/identity_init.py)
-    # Patch whitening (tricks/whitening.py)
-    whiten_init: bool = True  # off: PyTorch's default init, weights still frozen
+    # Patch whitening (tricks/whitening.py): whiten_init off is PyTorch's default init, the weights still frozen
     whiten_kernel_px: int = 2
-    whiten_eps: float = 5e-4
     whiten_method: Literal["eigh", "svd"] = "eigh"  # how the covariance's basis is found
-    whiten_images: int = 5000  # training images (a random sample) whose patches set the covariance
     whiten_bias_epochs: float = 3.0  # the first conv's bias learns for this many epochs, then freezes
-    # Loss and averaging
-    label_smoothing: float = 0.2
-    lookahead: bool = True
-    lookahead_every_steps: int = 5
-    lookahead_base: float = 0.95
-    tta_level: int = 2  # 0 none, 1 mirror, 2 mirror + 1-px translate (tricks/tta.py)
     tta_select: float = 0.0  # fraction in (0, 1]: TTA only for the least confident images; 0 (or None) = all
     # Optimizer: "sgd" = decoupled Nesterov SGD on everything; "muon" = Muon on conv filters + SGD on the rest
     optimizer: Literal["sgd", "muon"] = "sgd"
     lr_per_1024: float = 11.5  # lr per 1024 examples (tricks/decoupled_sgd.py)
     weight_decay_per_1024: float = 0.0153
-    momentum: float = 0.85
     bias_lr_mult: float = 64.0  # BN biases learn this much faster (weight decay unchanged)
-    lr_start_mult: float = 0.2  # triangular schedule (tricks/schedule.py)
-    lr_peak_frac: float = 0.23
-    lr_end_mult: float = 0.07
     muon_lr: float = 0.24
     muon_momentum: float = 0.6
     muon_nesterov: bool = True
@@ -126,49 +88,41 @@ class CifarConfig(SystemConfig):
     model: str = ""
     # Evaluation
     index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/)
-    eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
-    eval_batch_size: int = 2000
 
     def validate(self) -> None:
         """Every setting alone, before any data is read (data-dependent checks: `check_data`)."""
         self.validate_system()
         check_name(self.model)
-        for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"bad config: {f.name}={value} must be a finite number")
-            # Every float setting multiplies others (lr x bias_lr_mult x schedule ...) into scalars that torch casts
-            # to float32: 1e308 is finite here but not there, and fails mid-step. No sensible value is this large.
-            if isinstance(value, float) and abs(value) > MAX_FLOAT_SETTING:
-                raise ValueError(f"bad config: {f.name}={value:g} is outside [-{MAX_FLOAT_SETTING:g}, "
-                                 f"{MAX_FLOAT_SETTING:g}]")
-        nonneg = ("weight_decay_per_1024", "lr_start_mult", "lr_end_mult", "muon_lr",
-                  "muon_weight_decay_per_example", "whiten_bias_epochs", "translate_px", "cutout_px", "cutmix_px")
-        # Weight decay is decoupled from the lr as wd / lr (tricks/decoupled_sgd.py), so these lrs cannot be 0, nor
-        # so small that wd / lr leaves float32 (MIN_LR_SETTING); muon_lr may be 0 (Muon has no weight decay).
-        positive = ("lr_per_1024", "bias_lr_mult", "muon_bias_lr", "muon_head_lr")
-        for key in positive + ("muon_lr",):
+        # Every float setting multiplies others (lr x bias_lr_mult x schedule ...) into scalars that torch casts
+        # to float32: 1e308 is finite here but not there, and fails mid-step. No sensible value is this large.
+        self.check_floats(MAX_FLOAT_SETTING)
+        for key in POSITIVE + ("muon_lr",):
             value = getattr(self, key)
             if not (MIN_LR_SETTING <= value <= MAX_FLOAT_SETTING or key == "muon_lr" and value == 0):
                 zero = " or 0" if key == "muon_lr" else ""
                 raise ValueError(f"bad config: {key}={value:g} must be in [{MIN_LR_SETTING:g}, "
                                  f"{MAX_FLOAT_SETTING:g}]{zero}: the optimizers' lrs (and weight decay over lr) are "
                                  "derived from it in float32")
-        checks = [
-            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
+        refuse(self.checks())
+        # momentum near 1 scales decoupled_sgd's lrs down by 1 / (1 - momentum): each checked as torch holds it
+        for key, value in self.optimizer_values().items():
+            if not (math.isfinite(value) and (value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)):
+                raise ValueError(f"bad config: the optimizer's {key} would be {value:g}, which float32 cannot hold; "
+                                 f"keep lr_per_1024, bias_lr_mult and the muon_*_lr in [{MIN_LR_SETTING:g}, "
+                                 f"{MAX_FLOAT_SETTING:g}] and momentum below 1")
+
+    def checks(self) -> list[tuple[bool, str]]:
+        return super().checks() + [
             (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
             (1 <= len(self.widths) <= MAX_GROUPS and all(1 <= w <= MAX_WIDTH for w in self.widths),
              f"widths must be 1 to {MAX_GROUPS} numbers in [1, {MAX_WIDTH}], e.g. 64,256,256"),
             (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3"),
-            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
-            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
-            (0 <= self.momentum < 1 and 0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
+            (0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
             (0 < self.bn_momentum <= 1, "bn_momentum must be in (0, 1]"),
             (self.bn_eps > 0 and self.whiten_eps > 0, "bn_eps and whiten_eps must be > 0"),
             (self.logit_scale > 0, "logit_scale must be > 0"),
-            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1], e.g. 0.94"),
-            (all(getattr(self, k) >= 0 for k in nonneg), f"{', '.join(nonneg)} must be >= 0"),
-            (all(getattr(self, k) > 0 for k in positive), f"{', '.join(positive)} must be > 0"),
+            (all(getattr(self, k) >= 0 for k in NONNEG), f"{', '.join(NONNEG)} must be >= 0"),
+            (all(getattr(self, k) > 0 for k in POSITIVE), f"{', '.join(POSITIVE)} must be > 0"),
             (1 <= self.lookahead_every_steps <= 10**6 and 0 <= self.lookahead_base <= 1,
              "lookahead_every_steps must be in [1, 1000000] and lookahead_base in [0, 1]"),
             (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
@@ -182,17 +136,7 @@ class CifarConfig(SystemConfig):
             (self.tta_select is None or 0 <= self.tta_select <= 1,
              "tta_select must be a fraction in (0, 1], or 0 for TTA on every image"),
             (self.whiten_method in ("eigh", "svd"), "whiten_method must be eigh or svd"),
-            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"bad config: {message}")
-        # momentum near 1 scales decoupled_sgd's lrs down by 1 / (1 - momentum): each checked as torch holds it
-        for key, value in self.optimizer_values().items():
-            if not (math.isfinite(value) and (value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)):
-                raise ValueError(f"bad config: the optimizer's {key} would be {value:g}, which float32 cannot hold; "
-                                 f"keep lr_per_1024, bias_lr_mult and the muon_*_lr in [{MIN_LR_SETTING:g}, "
-                                 f"{MAX_FLOAT_SETTING:g}] and momentum below 1")
 
     def optimizer_values(self) -> dict[str, float]:
         """The numbers the optimizers are built with from these settings (recipes/cifar/loop.py's
@@ -207,6 +151,18 @@ class CifarConfig(SystemConfig):
                            "bias weight decay over lr": wd / self.muon_bias_lr,
                            "head weight decay over lr": wd / self.muon_head_lr})
         return values
+
+    def augmentation(self) -> Augmentation:
+        return Augmentation(self.flip, self.translate_px, self.cutout_px, self.cutmix_px)
+
+    def tta_fraction(self) -> float | None:
+        return self.tta_select
+
+    def with_epochs(self, epochs: float) -> CifarConfig:
+        """This config with `epochs`, the whitening bias's window scaled by the same factor (the lr schedule and
+        Lookahead are defined in fractions of the run already)."""
+        scale = epochs / self.epochs
+        return dataclasses.replace(self, epochs=epochs, whiten_bias_epochs=self.whiten_bias_epochs * scale)
 
 
 def cifar10_94() -> CifarConfig:

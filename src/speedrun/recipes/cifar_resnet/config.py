@@ -33,32 +33,19 @@ Defaults, and why:
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
-
-
-def final_evaluation(cfg: ResnetConfig) -> str:
-    return f"final evaluation with TTA level {cfg.tta_level}" if cfg.tta_level else "final evaluation without TTA"
+from speedrun.recipes.in_memory import config as in_memory
 
 
 def timed_region(cfg: ResnetConfig) -> str:
-    """What train_seconds covers, for the result file and the summary (as the cifar family, as airbench times)."""
-    whiten = "whitening init + " if cfg.whiten_init else ""
-    return (f"{whiten}training + {final_evaluation(cfg)}, device-synchronized; excludes data loading, upload, "
-            "per-epoch table evaluations, checkpoint writes and the warm-up run")
+    """What train_seconds covers (as the cifar family, as airbench times): whitening init where whiten_init is on."""
+    return in_memory.timed_region(cfg, "whitening init + " if cfg.whiten_init else "")
 
 
-# Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
-MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
-
-# Bounds that no sensible run crosses; they keep a typo (batch_size=10000000, widths=...,1000000) from allocating
-# the machine away before the first step.
-MAX_BATCH = 1 << 16
-MAX_EPOCHS = 10_000.0
+# Bounds that no sensible run crosses; they keep a typo (widths=...,1000000) from allocating the machine away before
+# the first step (in_memory/config.py holds the batch's and the epochs').
 MAX_WIDTH = 4096  # 8x ResNet-18's widest stage
 MAX_TRANSLATE_PX = 64
 MAX_LR = 100.0
@@ -66,84 +53,48 @@ MAX_MULT = 100.0
 
 
 @dataclass(frozen=True)
-class ResnetConfig(SystemConfig):
-    """Settings of the cifar_resnet family; the device-side ones (precision, channels_last, compile,
-    cudnn_benchmark, check_finite_loss, sync_bn) come from config.SystemConfig, shared by every family."""
+class ResnetConfig(in_memory.InMemoryConfig):
+    """Settings of the cifar_resnet family: those every in-memory family shares (in_memory.config.InMemoryConfig:
+    the schedule's shape, augmentation, whitening, Lookahead, TTA, evaluation; the device-side ones of
+    config.SystemConfig), some at other values, and this family's optimizer and lr schedule."""
 
-    # every epoch's last partial batch was trained on before drop_last_batch existed
-    BEFORE_IT_EXISTED: ClassVar[dict[str, Any]] = {**SystemConfig.BEFORE_IT_EXISTED, "drop_last_batch": False}
+    MEAN_LOSS: ClassVar[bool] = True  # lr and weight decay as kuangliu/pytorch-cifar states them: PyTorch's
 
     target_accuracy: float = 0.9302  # kuangliu/pytorch-cifar's ResNet18
-    # Schedule
     batch_size: int = 512
     epochs: float = 15.0  # fractional epochs count steps exactly: ceil(epochs * (N // batch_size)) (drop_last_batch)
-    drop_last_batch: bool = True  # each epoch's last partial batch dropped, as the cifar family
-    # Augmentation (data/augment.py); translate 4 is the published random crop with 4-px padding
-    flip: Literal["none", "random", "alternating"] = "alternating"
-    translate_px: int = 4
-    # Network (model.py)
-    widths: tuple[int, ...] = (64, 128, 256, 512)
+    translate_px: int = 4  # the published random crop with 4-px padding (here reflect padding: data/augment.py)
+    widths: tuple[int, ...] = (64, 128, 256, 512)  # the stages of model.py's network
+    momentum: float = 0.9
+    eval_batch_size: int = 1000
     # Optimizer: SGD on every parameter, PyTorch's lr and weight decay for the mean loss over the global batch
     lr: float = 0.4  # the schedule's peak (triangle) or start (step)
-    momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
-    lr_schedule: Literal["triangle", "step"] = "triangle"
-    lr_start_mult: float = 0.2  # triangle (tricks/schedule.py), airbench94's
-    lr_peak_frac: float = 0.23
-    lr_end_mult: float = 0.07
+    lr_schedule: Literal["triangle", "step"] = "triangle"  # triangle: the shared lr_*_mult and lr_peak_frac
     lr_drop1_frac: float = 150 / 350  # step: the published drops, as fractions of the run
     lr_drop2_frac: float = 250 / 350
     lr_drop_factor: float = 0.1
-    # Patch-whitening init of the stem (model.whiten_stem_)
-    whiten_init: bool = True
-    whiten_eps: float = 5e-4
-    whiten_images: int = 5000  # training images (a random sample) whose patches set the covariance, as airbench
-    # Loss and averaging
-    label_smoothing: float = 0.2
-    lookahead: bool = True
-    lookahead_every_steps: int = 5
-    lookahead_base: float = 0.95
-    tta_level: int = 2  # 0 none, 1 mirror, 2 mirror + 1-px translate (tricks/tta.py)
-    # Evaluation
-    eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
-    eval_batch_size: int = 1000
 
-    def validate(self) -> None:
-        """Every setting alone, before any data is read (data-dependent checks: data.check_data)."""
-        self.validate_system()
-        for f in dataclasses.fields(self):  # config.py already refuses NaN/inf from strings; this covers the API
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"bad config: {f.name}={value} must be a finite number")
+    def checks(self) -> list[tuple[bool, str]]:
         fractions = ("lr_peak_frac", "lr_drop1_frac", "lr_drop2_frac", "lookahead_base")
         mults = ("lr_start_mult", "lr_end_mult")
-        checks = [
-            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
-            (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS:g}]"),
+        return super().checks() + [
+            (0 < self.epochs <= in_memory.MAX_EPOCHS, f"epochs must be in (0, {in_memory.MAX_EPOCHS:g}]"),
             (len(self.widths) == 4 and all(1 <= w <= MAX_WIDTH for w in self.widths),
              f"widths must be 4 numbers in [1, {MAX_WIDTH}], one per stage, e.g. 64,128,256,512"),
             (0 <= self.translate_px <= MAX_TRANSLATE_PX, f"translate_px must be in [0, {MAX_TRANSLATE_PX}]"),
             (0 < self.lr <= MAX_LR, f"lr must be in (0, {MAX_LR:g}]"),
-            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (self.momentum > 0 or not self.nesterov, "nesterov needs momentum > 0 (or --set nesterov=false)"),
             (0 <= self.weight_decay <= 1, "weight_decay must be in [0, 1]"),
             (all(0 <= getattr(self, k) <= MAX_MULT for k in mults), f"{', '.join(mults)} must be in [0, {MAX_MULT:g}]"),
             (all(0 <= getattr(self, k) <= 1 for k in fractions), f"{', '.join(fractions)} must be in [0, 1]"),
-            (self.lr_drop1_frac <= self.lr_drop2_frac,
-             "lr_drop1_frac must be <= lr_drop2_frac"),
+            (self.lr_drop1_frac <= self.lr_drop2_frac, "lr_drop1_frac must be <= lr_drop2_frac"),
             (0 < self.lr_drop_factor <= 1, "lr_drop_factor must be in (0, 1]"),
             (0 < self.whiten_eps <= 1, "whiten_eps must be in (0, 1]"),
             (1 <= self.whiten_images <= 10**7, "whiten_images must be in [1, 10000000]"),
-            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (1 <= self.lookahead_every_steps <= 10**6, "lookahead_every_steps must be in [1, 1000000]"),
-            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
-            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
-            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1], e.g. 0.9302"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"bad config: {message}")
 
 
 def cifar10_resnet18() -> ResnetConfig:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.engine.flops import on_meta
 from speedrun.tricks.whitening import patch_whitening_init_
 
 STRIDES = (1, 2, 2, 2)
@@ -101,16 +102,8 @@ def whiten_stem_(stem: nn.Conv2d, images: torch.Tensor, eps: float) -> int:
 
 
 def parameter_count(in_channels: int, num_classes: int, widths: tuple[int, ...]) -> int:
-    """What CifarResNet(in_channels, num_classes, widths) holds, without building it (BN: scale and shift)."""
-    total = 9 * in_channels * widths[0] + 2 * widths[0] + widths[-1] * num_classes + num_classes
-    c_in = widths[0]
-    for c_out, stride in zip(widths, STRIDES):
-        for i in range(BLOCKS_PER_STAGE):
-            total += 9 * c_in * c_out + 9 * c_out * c_out + 4 * c_out
-            if (stride if i == 0 else 1) != 1 or c_in != c_out:
-                total += c_in * c_out + 2 * c_out
-            c_in = c_out
-    return total
+    """What CifarResNet(in_channels, num_classes, widths) holds, counted on the meta device (no memory taken)."""
+    return sum(p.numel() for p in on_meta(lambda: CifarResNet(in_channels, num_classes, widths)).parameters())
 
 
 def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widths: tuple[int, ...],
@@ -129,5 +122,4 @@ def memory_lower_bound(image_shape: tuple[int, int, int], num_classes: int, widt
     for c_out, stride in zip(widths, STRIDES):
         h, w = -(-h // stride), -(-w // stride)  # ceil: padding 1 keeps a last partial window
         acts += 2 * BLOCKS_PER_STAGE * c_out * h * w
-    params = parameter_count(c, num_classes, widths)
-    return 4 * 4 * params, 4 * batch_size * acts, 4 * eval_batch_size * eval_acts
+    return 4 * 4 * parameter_count(c, num_classes, widths), 4 * batch_size * acts, 4 * eval_batch_size * eval_acts

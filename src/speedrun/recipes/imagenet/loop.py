@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 from speedrun import dist
-from speedrun.data.loader import steps_for
-from speedrun.data.shard_loader import ShardImages, ShardLoader, device_decoder, eval_batches
+from speedrun.data.loader import Normalization, steps_for
+from speedrun.data.shard_loader import CropAndFlip, Decoding, ShardImages, ShardLoader, device_decoder, eval_batches
 from speedrun.engine import flops as run_flops
 from speedrun.engine.checkpoint import load_optimizer, restoring
 from speedrun.engine.flops import RunFlops
-from speedrun.engine.loop import FiniteLossGuard, LoopState, RunResult, Steps, Timer, stop_at_step_end
+from speedrun.engine.loop import FiniteLossGuard, LoopState, RunHooks, RunResult, Steps, Timer, stop_at_step_end
 from speedrun.engine.phases import phase, phased
 from speedrun.engine.system import seed_everything, setup_system
 from speedrun.errors import counted
@@ -143,13 +143,11 @@ def evaluate_top1(forward: Callable, data: ShardData, cfg: ImagenetConfig, syste
 
 
 def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: int, *,
-              world: dist.World | None = None, on_step: Callable[[int, int], None] | None = None,
-              on_epoch: Callable[[dict], None] | None = None, checkpoints=None,
-              resume: dict[str, Any] | None = None, on_batch: Callable[[int, torch.Tensor], None] | None = None,
-              on_scalars=None) -> RunResult:
+              world: dist.World | None = None, hooks: RunHooks | None = None, resume: dict[str, Any] | None = None,
+              on_batch: Callable[[int, torch.Tensor], None] | None = None) -> RunResult:
     """One run of `cfg` on prepared shards; returns the final top-1 accuracy and the timed seconds.
-    on_batch(step, labels): called with each step's labels on this process (the exactly-once test).
-    on_scalars: each step's loss and lr (engine.loop.Steps), or None."""
+    hooks: what the caller hears of the run and keeps of it (engine.loop.RunHooks).
+    on_batch(step, labels): called with each step's labels on this process (the exactly-once test)."""
     cfg.validate()
     world = world or dist.World()
     seed_everything(seed)
@@ -157,11 +155,12 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
     model, forward = system.prepare(build_model(cfg, 3, data.num_classes), cfg)
     state = TrainState(model, build_optimizer(cfg, model), make_ema(model, cfg.ema_decay, 1))
     loader = ShardLoader(data.root, data.train_split, batch_size=cfg.batch_size, epochs=cfg.epochs, device=device,
-                         mean=data.mean_t, std=data.std_t, res_at=lambda s: res_at(cfg, s, total_steps),
-                         decode_px=cfg.decode_px, workers=cfg.workers, dtype=system.dtype,
-                         channels_last=system.channels_last, flip=cfg.flip, scale=(cfg.crop_min_scale, 1.0),
+                         res_at=lambda s: res_at(cfg, s, total_steps),
+                         normalization=Normalization(data.mean_t, data.std_t, system.dtype, system.channels_last),
+                         augmentation=CropAndFlip(flip=cfg.flip, crop_area_frac=(cfg.crop_min_scale, 1.0)),
                          seed=seed, share=dist.share(cfg.batch_size, world) if world.size > 1 else None,
-                         device_decode=device_decoder(cfg.decoder, device)[0])
+                         decoding=Decoding(decode_px=cfg.decode_px, workers=cfg.workers,
+                                           device_decode=device_decoder(cfg.decoder, device)[0]))
     total_steps = loader.steps
     warmup_frac = min(1.0, cfg.warmup_epochs / cfg.epochs)
     if resume is not None:
@@ -183,9 +182,8 @@ def train_run(cfg: ImagenetConfig, data: ShardData, device: torch.device, seed: 
 
     model.train()
     loss = torch.zeros(())
-    steps = Steps(timer, total_steps, checkpoints=checkpoints, on_step=on_step, on_epoch=on_epoch,
-                  on_scalars=on_scalars)
-    with stop_at_step_end(keep_state=checkpoints is not None or world.size > 1) as stop:
+    steps = Steps(timer, total_steps, hooks)
+    with stop_at_step_end(keep_state=steps.checkpoints is not None or world.size > 1) as stop:
         guard = FiniteLossGuard(device, total_steps, "lr_per_256", enabled=cfg.check_finite_loss, world=world,
                                 stop=stop, every_steps=cfg.check_finite_every_steps)
         for inputs, targets in phased(loader.batches(state.step)):
