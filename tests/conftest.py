@@ -213,9 +213,10 @@ def _results_database_in_a_temp_folder(tmp_path_factory):
 
 # What a test's process hands to every later test and to the programs they start: a test that leaves one changed
 # makes a later test's result depend on the order (a SIGTERM test whose child inherited another test's RANK, say).
-# Session-scoped fixtures set these keys once, on purpose; torch's compiler sets its cache folder's at its first use
-# in a process, whichever test that is.
-_SESSION_ENV = frozenset({"SPEEDRUN_DB", "TORCHINDUCTOR_CACHE_DIR"})
+# Session-scoped fixtures set these keys once, on purpose; torch's compiler sets its own (TORCHINDUCTOR_CACHE_DIR, ...)
+# at its first use in a process, whichever test that is.
+_SESSION_ENV = frozenset({"SPEEDRUN_DB"})
+_LIBRARY_ENV = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_")
 # SIGCHLD is not among the signals: torch's DataLoader sets its handler once per process, at its first worker.
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGALRM)
 
@@ -223,28 +224,31 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGALRM)
 def _process_state() -> dict:
     umask = os.umask(0o022)
     os.umask(umask)
-    return {"environment": {k: v for k, v in os.environ.items() if k not in _SESSION_ENV},
+    return {"environment": {k: v for k, v in os.environ.items()
+                            if k not in _SESSION_ENV and not k.startswith(_LIBRARY_ENV)},
             "signal handlers": {s.name: signal.getsignal(s) for s in _SIGNALS},
             "signal mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-            "working folder": os.getcwd(), "sys.path": list(sys.path), "umask": umask}
+            # a library may add its vendored packages' folder (setuptools' _vendor) at its first import
+            "working folder": os.getcwd(), "sys.path": [p for p in sys.path if "site-packages" not in p],
+            "umask": umask, "_whole sys.path": list(sys.path)}  # "_": restored, not compared
 
 
 def _restore(state: dict) -> None:
     env = state["environment"]
-    for k in [k for k in os.environ if k not in _SESSION_ENV and k not in env]:
+    for k in [k for k in os.environ if k not in _SESSION_ENV and not k.startswith(_LIBRARY_ENV) and k not in env]:
         del os.environ[k]
     os.environ.update(env)
     for name, handler in state["signal handlers"].items():
         signal.signal(getattr(signal, name), signal.SIG_DFL if handler is None else handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, state["signal mask"])
     os.chdir(state["working folder"])
-    sys.path[:] = state["sys.path"]
+    sys.path[:] = state["_whole sys.path"]
     os.umask(state["umask"])
 
 
 def _changes(before: dict, after: dict) -> list[str]:
     found = []
-    for what in before:
+    for what in (w for w in before if not w.startswith("_")):
         b, a = before[what], after[what]
         if b == a:
             continue

@@ -1,6 +1,6 @@
-"""`--model MODULE:FUNCTION`: the user's own network through the airbench-class recipes (models/custom.py), the
-example network ablated through it, each refusal one line before any work, and a saved model whose card names a
-builder that is never imported because of it."""
+"""`--model MODULE:FUNCTION`: the user's own network through the in-memory recipes (models/custom.py; cifar10-94 and
+the rest of the cifar family, cifar10-resnet18), the example network ablated through it, each refusal one line
+before any work, and a saved model whose card names a builder that is never imported because of it."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import make_tiny, run_cli
 from torch import nn
 
 import speedrun
 from speedrun.models import custom
-from speedrun.recipes import cifar
+from speedrun.recipes import cifar, cifar_resnet
 from speedrun.recipes.cifar import data as cifar_data
 from speedrun.recipes.cifar import loop as cifar_loop
+from speedrun.recipes.cifar_resnet import loop as resnet_loop
 from speedrun.tricks.bn_momentum import set_bn_momentum_
+from speedrun.tricks.whitening import patch_whitening_init_
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "mobile_net.py") + ":build"
 TINY = ["--dataset", "synthetic:train=128,test=32,shape=3x16x16", "--device", "cpu", "--epochs", "0.5",
@@ -50,10 +52,11 @@ def tiny_net(tmp_path) -> str:
 
 @pytest.fixture
 def no_run(monkeypatch):
-    """Every run and warm-up of the cifar family replaced by a recorder: a refusal must come before any."""
+    """Every run and warm-up of the in-memory families replaced by a recorder: a refusal must come before any."""
     started = []
-    monkeypatch.setattr(cifar, "train_run", lambda *a, **k: started.append(a) or pytest.fail("a run started"))
-    monkeypatch.setattr(cifar, "warmup", lambda *a, **k: started.append(a) or 0.0)
+    for family in (cifar, cifar_resnet):
+        monkeypatch.setattr(family, "train_run", lambda *a, **k: started.append(a) or pytest.fail("a run started"))
+        monkeypatch.setattr(family, "warmup", lambda *a, **k: started.append(a) or 0.0)
     return started
 
 
@@ -204,7 +207,7 @@ def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp
 
 @pytest.mark.parametrize("argv, fragment", [
     (["train", "--set", "model=tiny_net:build"], "model is set with --model MODULE:FUNCTION"),
-    (["train", "cifar10-resnet18", "--model", "{net}"], "cifar10-resnet18 trains its own network only"),
+    (["train", "imagenet-debug", "--model", "{net}"], "imagenet-debug trains its own network only"),
     (["bench", "--vary", "lookahead=false", "--model", "{tmp}/nothing.py:build"], "is not a file"),
     (["tune", "--model", "{tmp}/nothing.py:build"], "is not a file"),
     (["profile", "--model", "{tmp}/nothing.py:build"], "is not a file"),
@@ -214,7 +217,7 @@ def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp
 def test_every_command_that_trains_takes_model_and_refuses_alike(argv, fragment, tiny_net, capsys, tmp_path,
                                                                   no_run):
     argv = [a.format(net=tiny_net, tmp=tmp_path) for a in argv]
-    extra = TINY if argv[0] not in ("train", "profile") or argv[1] != "cifar10-resnet18" else TINY[:4]
+    extra = TINY if argv[0] not in ("train", "profile") or argv[1] != "imagenet-debug" else TINY[:4]
     if argv[0] == "profile":
         extra = TINY[:4]
     code, out, err = run_cli([*argv, *extra], capsys)
@@ -353,3 +356,88 @@ def test_every_instrument_names_what_is_off_for_the_network_before_training(argv
     warned = next(i for i, line in enumerate(lines) if "--model tiny_net:build" in line and "off for" in line)
     first_run = next(i for i, line in enumerate(lines) if line.startswith(("warm-up", "trial", "round")))
     assert warned < first_run, lines[:12]
+
+
+# cifar10-resnet18 at a size a 2-core CPU trains in seconds: 2 steps of 16 images
+RESNET_TINY = ["--dataset", "synthetic:train=64,test=16,shape=3x16x16", "--device", "cpu", "--epochs", "0.5", "--set",
+               "batch_size=16"]
+
+
+def test_resnet18_trains_the_users_network_and_records_the_builder(capsys, tmp_path):
+    code, out, err = run_cli(["train", "cifar10-resnet18", "--model", EXAMPLE, *RESNET_TINY, "--json", "r.json"],
+                             capsys)
+    assert code == 0, err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["config"]["model"] == "mobile_net:build" and result["runs"][0]["steps"] == 2
+    assert result["flops"]["train_step"] > 0  # the example builds on the meta device: counted
+    note = next(line for line in err.splitlines() if "--model mobile_net:build" in line)
+    # its first conv takes the whitening (nothing is off), and its BatchNorm keeps the builder's momentum
+    assert "981,538 parameters; every trick of the recipe acts on it" in note and "bn_momentum" not in note, note
+
+
+def test_resnet18_whitens_the_users_first_conv_where_it_fits_and_keeps_its_batchnorm(tiny_net):
+    name = custom.use_builder(tiny_net)
+    cfg = dataclasses.replace(cifar_resnet.cifar10_resnet18(), model=name)
+    hooks = resnet_loop.ResnetHooks(cfg)
+    net = hooks.build(make_tiny(n_train=32, n_test=8, shape=(3, 16, 16)))
+    assert net[3].momentum == 0.1  # the builder's (PyTorch's default), as ResNet-18's own; cifar sets its 0.4
+    images = torch.randn(8, 3, 16, 16)
+    hooks.whiten(net, lambda: images)
+    expected = patch_whitening_init_(nn.Conv2d(3, 24, 2), images, cfg.whiten_eps).weight
+    assert torch.equal(net[0].weight, expected) and net[0].weight.requires_grad  # trained on from there, as the stem
+    assert cifar_resnet.idle_tricks(cfg, net, 3) == [] and cifar_resnet.idle_tricks(cfg) == []
+
+    def padded(c, k, px):
+        return nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.Flatten(), nn.LazyLinear(k))
+
+    cfg = dataclasses.replace(cfg, model=custom.register(padded))
+    hooks = resnet_loop.ResnetHooks(cfg)
+    net = hooks.build(make_tiny(n_train=32, n_test=8, shape=(3, 16, 16)))
+    before = net[0].weight.clone()
+    hooks.whiten(net, lambda: pytest.fail("no conv to whiten: no sample is drawn"))
+    assert torch.equal(net[0].weight, before)
+    assert cifar_resnet.idle_tricks(cfg, net, 3) == ["whiten_init"]
+    own = cifar_resnet.cifar10_resnet18()
+    assert cifar_resnet.idle_tricks(own, cifar_resnet.build_model(own, 3, 10), 3) == []
+
+
+def test_resnet18_is_ablated_through_model_naming_what_does_nothing_for_the_network(tmp_path, capsys):
+    """ablate asks before any data is read, so every trick is measured; the note before the first run names the
+    whitening as off for a network whose first conv cannot take it."""
+    net = _module(tmp_path, "padnet", """
+        from torch import nn
+
+        def build(in_channels, num_classes, image_px):
+            return nn.Sequential(nn.Conv2d(in_channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+    """) + ":build"
+    code, out, err = run_cli(["ablate", "cifar10-resnet18", "--model", net, *RESNET_TINY, "--runs", "1", "--json",
+                              "a.json"], capsys)
+    assert code == 0, err
+    lines = (err + out).splitlines()
+    warned = next(i for i, line in enumerate(lines) if "--model padnet:build" in line)
+    assert lines[warned].endswith("off for this network (they act inside the recipe's own): whiten_init"), lines
+    assert warned < next(i for i, line in enumerate(lines) if line.startswith(("warm-up", "round")))
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert {r["config"]["model"] for r in report["results"]} == {"padnet:build"}  # every variant trains it
+    rows = {r["trick"]: r for r in report["tricks"]}
+    assert set(rows) == {key for key, _, _ in cifar_resnet.TRICKS}
+    for key in ("whiten_init", "label_smoothing", "lookahead", "tta_level", "lr_schedule", "nesterov"):
+        assert rows[key]["measured"], rows[key]
+
+
+@pytest.mark.parametrize("body, spec, fragment", [
+    (None, "no_such_module_xyz:build", "cannot import no_such_module_xyz (ModuleNotFoundError"),
+    ("def build(c, k, px):\n    return {}\n", "{tmp}/bad.py:build", "returned dict, not a torch.nn.Module"),
+    ("from torch import nn\n\ndef build(c, k, px):\n    return nn.Sequential(nn.Flatten(), nn.LazyLinear(7))\n",
+     "{tmp}/bad.py:build", "gives shape [2, 7] (training mode) for a batch of 2 3x16x16 images; it must"),
+])
+def test_resnet18_refuses_a_bad_model_in_one_line_before_any_work(body, spec, fragment, capsys, tmp_path, no_run):
+    if body is not None:
+        _module(tmp_path, "bad", body)
+    code, out, err = run_cli(["train", "cifar10-resnet18", "--model", spec.format(tmp=tmp_path), *RESNET_TINY,
+                              "--json", "r.json"], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("speedrun: error: ") and "Traceback" not in err, err
+    assert fragment in err, err
+    assert not no_run and not (tmp_path / "r.json").exists()

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 
 import pytest
 import torch
-from conftest import make_tiny
+from conftest import make_tiny, run_cli
 from torch import nn
 
+import speedrun
 from speedrun.data.loader import Augmentation, Normalization, normalize
+from speedrun.engine.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.recipes import cifar, cifar_resnet
 from speedrun.recipes.in_memory.config import InMemoryConfig
 from speedrun.recipes.in_memory.loop import Hooks, TrainState, train_run, train_step, with_initial_lr
@@ -104,3 +107,34 @@ def test_normalization_is_normalize_with_its_settings_kept_together():
     assert made(images).is_contiguous(memory_format=torch.channels_last)
     moved = made.to(torch.device("meta"))
     assert moved.mean.device.type == moved.std.device.type == "meta" and made.mean.device == CPU
+
+
+def test_the_network_field_is_shared_and_a_resnet_file_without_it_trained_resnet18(tmp_path, monkeypatch, capsys):
+    """`model` (the user's network, --model) is a shared setting, checked alike; a cifar10-resnet18 checkpoint or
+    saved model whose config has no `model` (written before the family took --model) is ResNet-18's: it resumes to
+    the accuracy of the run it was cut from, and it loads."""
+    for cfg in (cifar.cifar10_94(), cifar_resnet.cifar10_resnet18()):
+        assert cfg.model == ""
+        with pytest.raises(ValueError, match="^model='not a name' is not a builder's name"):
+            dataclasses.replace(cfg, model="not a name").validate()
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "cifar10-resnet18", "--dataset", "synthetic:train=64,test=16,shape=3x16x16", "--device", "cpu",
+            "--epochs", "1", "--set", "batch_size=16", "--set", "widths=8,8,8,8", "--quiet"]
+    code, _, err = run_cli([*args, "--checkpoint-dir", "ck", "--checkpoint-every", "2", "--save", "m", "--json",
+                            "full.json"], capsys)
+    assert code == 0, err
+    cut = next(p for p in list_checkpoints(tmp_path / "ck") if p.name == "ckpt-00000-000000002.safetensors")
+    state, meta = load_checkpoint(cut)
+    for path in list_checkpoints(tmp_path / "ck"):
+        path.unlink()
+    del meta["config"]["model"]
+    save_checkpoint(tmp_path / "ck", 0, 2, state, meta, keep=2)
+    code, _, err = run_cli([*args, "--checkpoint-dir", "ck", "--resume", "auto", "--json", "resumed.json"], capsys)
+    assert code == 0, err
+    full, resumed = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("full", "resumed"))
+    assert resumed["resumed_from"] and resumed["config"]["model"] == ""
+    assert [r["accuracy"] for r in resumed["runs"]] == [r["accuracy"] for r in full["runs"]]
+    card = json.loads((tmp_path / "m.json").read_text())
+    del card["config"]["model"]
+    (tmp_path / "m.json").write_text(json.dumps(card))
+    assert isinstance(speedrun.load(tmp_path / "m").net, cifar_resnet.CifarResNet)

@@ -106,10 +106,11 @@ SHAPES = [  # (what, SQL): not speedrun's tables: one line, the file unchanged
 
 @pytest.mark.parametrize("case", SHAPES, ids=[c[0] for c in SHAPES])
 @pytest.mark.parametrize("command", [["report", "--out", "r.html"], ["results"]])
-def test_a_database_of_another_shape_is_refused_and_left_as_it_came(base, tmp_path, capsys, case, command):
+def test_a_database_of_another_shape_is_refused_and_left_as_it_came(base, tmp_path, capsys, case, command,
+                                                                   monkeypatch):
     path = tampered(base, tmp_path, *case[1:])
     before = path.read_bytes()
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     assert main([*command, "--db", str(path)]) == 2
     assert "not speedrun's" in one_line(capsys)
     assert path.read_bytes() == before and not (tmp_path / "t.db-wal").exists()

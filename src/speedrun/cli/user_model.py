@@ -21,7 +21,7 @@ def overrides_of(args) -> dict[str, str]:
         return overrides
     recipe = runner.get_recipe(args.recipe)
     if not hasattr(recipe.make_config(), "model"):
-        raise ValueError(f"--model trains through the airbench-class recipes ({', '.join(_taking())}); "
+        raise ValueError(f"--model trains through the in-memory recipes ({', '.join(_taking())}); "
                          f"{recipe.name} trains its own network only")
     overrides["model"] = custom.use_builder(spec)
     return overrides

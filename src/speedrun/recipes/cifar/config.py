@@ -83,9 +83,6 @@ class CifarConfig(InMemoryConfig):
     # Brightness / contrast jitter of training images (tricks/color_jitter.py); 0 = off
     jitter_brightness: float = 0.0  # largest offset, in [0, 1] pixel units
     jitter_contrast: float = 0.0  # largest relative change of contrast: factor in [1 - c, 1 + c]
-    # The network: "" is the recipe's own (models/cifar_net.py); else the name of the user's builder, set with
-    # --model MODULE:FUNCTION (models/custom.py), never with --set
-    model: str = ""
     # Evaluation
     index_free_eval_pool: bool = False  # max pooling without argmax indices where no gradient is kept (tricks/)
 
@@ -154,6 +151,10 @@ class CifarConfig(InMemoryConfig):
 
     def augmentation(self) -> Augmentation:
         return Augmentation(self.flip, self.translate_px, self.cutout_px, self.cutmix_px)
+
+    def user_bn_momentum(self) -> float | None:
+        """bn_momentum: the recipe's short runs need statistics of the last steps (tricks/bn_momentum.py)."""
+        return self.bn_momentum
 
     def tta_fraction(self) -> float | None:
         return self.tta_select

@@ -8,48 +8,28 @@ import torch
 
 from speedrun import dist
 from speedrun.data.dataset import Dataset
-from speedrun.errors import counted
-from speedrun.models import custom
 from speedrun.models.cifar_net import memory_lower_bound, output_side
 from speedrun.recipes.cifar.config import CifarConfig
+from speedrun.recipes.in_memory import network
 from speedrun.recipes.in_memory.data import (CHANNELS_LAST, COMPILE, FLIP, LABEL_SMOOTHING, LOOKAHEAD, TTA, batch_note,
-                                             check_augmentation, check_memory)
-from speedrun.tricks.whitening import whitenable_first_conv
+                                             check_augmentation, check_memory, check_run)
 
 
 def check(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World) -> list[str]:
-    """check_data, and what running under torchrun adds: the batch splits evenly, SyncBatchNorm has CUDA. The
-    user's network (cfg.model) is built and run on two images first (models/custom.py), and a note names the
-    tricks that do nothing for it."""
-    dist.check(cfg.batch_size, world, device, cfg.sync_bn)
-    notes = []
-    if cfg.model:
-        net = custom.check_network(cfg.model, data.image_shape, data.num_classes)
-        idle = idle_tricks(cfg, net, data.image_shape[0])
-        norms = sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
-        momentum = (f"its {counted(norms, 'BatchNorm layer')} take{'s' if norms == 1 else ''} bn_momentum="
-                    f"{cfg.bn_momentum:g}; " if norms else "")
-        notes.append(f"--model {cfg.model}: {sum(p.numel() for p in net.parameters()):,} parameters; {momentum}off "
-                     f"for this network (they act inside the recipe's own): {', '.join(idle)}")
-    return notes + check_data(cfg, data.image_shape, len(data.train_labels), len(data.test_labels),
-                              data.num_classes, device)
+    """check_data, after what every in-memory family checks before a run (in_memory.data.check_run: torchrun's
+    needs; the user's network, cfg.model, run on two images, and a note naming the tricks that do nothing for it)."""
+    return check_run(cfg, data, device, world, check_data, idle_tricks)
 
 
 # Settings that act inside the recipe's own network (models/cifar_net.py): with the user's network they do nothing.
 NETWORK_SETTINGS = ("dirac_init", "bn_scale_frozen", "logit_scale", "activation", "index_free_eval_pool")
+WHITENING = ("whiten_init", "whiten_bias_epochs")  # nothing to do where the user's first conv cannot be whitened
 
 
 def idle_tricks(cfg: CifarConfig, net: torch.nn.Module | None = None, in_channels: int = 3) -> list[str]:
-    """The TRICKS keys that do nothing for cfg's network: none for the recipe's own; for the user's (cfg.model),
-    those acting inside the recipe's network, and, given the network built for the data (`net`), the whitening's
-    two where its first conv cannot be whitened (tricks/whitening.py). ablate asks before any data is read, so
-    without the network: whiten_init is then measured, and the warning of check() says where it does nothing."""
-    if not cfg.model:
-        return []
-    idle = list(NETWORK_SETTINGS)
-    if net is not None and whitenable_first_conv(net, in_channels) is None:
-        idle += ["whiten_init", "whiten_bias_epochs"]
-    return idle
+    """The TRICKS keys that do nothing for cfg's network (in_memory.network.idle_tricks): none for the recipe's own;
+    for the user's, NETWORK_SETTINGS, and the whitening's two where its first conv cannot be whitened."""
+    return network.idle_tricks(cfg, NETWORK_SETTINGS, WHITENING, net, in_channels)
 
 
 def check_data(cfg: CifarConfig, image_shape: tuple[int, int, int], num_train: int, num_test: int,

@@ -14,16 +14,14 @@ from torch import nn
 from speedrun import dist
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import DeviceLoader
-from speedrun.engine import flops as run_flops
 from speedrun.engine.flops import RunFlops
-from speedrun.engine.loop import RunHooks, RunResult
 from speedrun.engine.system import System
-from speedrun.models import CifarNet, custom
+from speedrun.models import CifarNet
 from speedrun.recipes.cifar.config import CifarConfig
 from speedrun.recipes.in_memory import loop as in_memory
 from speedrun.recipes.in_memory.data import flops_of
 from speedrun.recipes.in_memory.loop import Amp, Hooks, train_step, with_initial_lr
-from speedrun.tricks.bn_momentum import set_bn_momentum_
+from speedrun.recipes.in_memory.network import user_network
 from speedrun.tricks.color_jitter import JitterTable
 from speedrun.tricks.decoupled_sgd import decoupled_sgd
 from speedrun.tricks.muon import Muon
@@ -32,13 +30,10 @@ from speedrun.tricks.whitening import patch_whitening_init_, whitenable_first_co
 
 
 def build_model(cfg: CifarConfig, in_channels: int, num_classes: int, image_px: int | None = None) -> nn.Module:
-    """The recipe's network, or the user's (cfg.model: models/custom.py), which needs the images' side."""
+    """The recipe's network, or the user's (cfg.model: in_memory.network.user_network), which needs the images'
+    side."""
     if cfg.model:
-        if image_px is None:
-            raise ValueError(f"--model {cfg.model}: the network's builder needs the images' size")
-        net = custom.build(cfg.model, in_channels, num_classes, image_px)
-        set_bn_momentum_(net, cfg.bn_momentum)  # the recipe's short runs need statistics of the last steps
-        return net
+        return user_network(cfg, in_channels, num_classes, image_px)
     return CifarNet(in_channels, num_classes, cfg.widths, cfg.convs_per_group, cfg.whiten_kernel_px, cfg.bn_momentum,
                     cfg.bn_eps, cfg.bn_scale_frozen, cfg.dirac_init, cfg.logit_scale, cfg.activation,
                     cfg.index_free_eval_pool)
@@ -53,14 +48,7 @@ def whitening_conv(cfg: CifarConfig, model: nn.Module, in_channels: int) -> nn.C
 
 def flops(cfg: CifarConfig, data: Dataset) -> RunFlops:
     """What one run computes (in_memory.data.flops_of), the network counted on the meta device."""
-    try:
-        model = run_flops.on_meta(lambda: build_model(cfg, data.image_shape[0], data.num_classes,
-                                                      data.image_shape[1]))
-    except Exception as e:  # the user's code may not build on the meta device: the run goes on without a count
-        if not cfg.model:
-            raise
-        raise ValueError(f"--model {cfg.model} does not build on the meta device ({type(e).__name__})") from None
-    return flops_of(cfg, data, model)
+    return flops_of(cfg, data, build_model)
 
 
 def _parameter_groups(cfg: CifarConfig, model: nn.Module, whiten: nn.Conv2d | None) -> tuple[list, list, list, list]:
@@ -174,14 +162,12 @@ class CifarHooks(Hooks[CifarConfig, TrainState]):
         return train_step(forward, state.optimizers, inputs, targets, self.cfg.label_smoothing, amp)
 
 
-def train_run(cfg: CifarConfig, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
-              world: dist.World | None = None, hooks: RunHooks | None = None,
-              resume: dict[str, Any] | None = None) -> RunResult:
-    """One training run of `cfg` on `data`: the shared loop (in_memory.loop.train_run) with this family's hooks."""
-    return in_memory.train_run(CifarHooks(cfg), data, device, seed, shuffle_labels=shuffle_labels, world=world,
-                               run_hooks=hooks, resume=resume)
+# train_run(cfg, data, device, seed, *, shuffle_labels, world, hooks, resume): one run of the shared loop
+# (in_memory.loop.train_run) with CifarHooks
+train_run = in_memory.FamilyRun(CifarHooks).train_run
 
 
 def warmup(cfg: CifarConfig, data: Dataset, device: torch.device, world: dist.World | None = None) -> float:
-    """An untimed run on shuffled labels before the timed ones (in_memory.loop.warmup); its seconds."""
+    """An untimed run of this module's train_run on shuffled labels before the timed ones (in_memory.loop.warmup);
+    its seconds."""
     return in_memory.warmup(train_run, cfg, data, device, world)

@@ -302,7 +302,7 @@ def warmup(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: di
 
 
 def idle_tricks(cfg) -> list[str]:
-    """None: this family trains its own network only (--model is the cifar family's)."""
+    """None: this family trains its own network only (--model trains through the in-memory families)."""
     return []
 
 

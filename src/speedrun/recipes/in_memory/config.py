@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
 from speedrun.data.loader import Augmentation
+from speedrun.models.custom import check_name
 
 # Settings a resumed run may change: how fast it runs and what it reports, not what it trains.
 MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy"}
@@ -61,10 +62,14 @@ class InMemoryConfig(SystemConfig):
     # Evaluation
     eval_each_epoch: bool = True  # untimed per-epoch test accuracy (no TTA) for the table
     eval_batch_size: int = 2000
+    # The network: "" is the family's own; else the name of the user's builder, set with --model MODULE:FUNCTION
+    # (models/custom.py), never with --set. A file written without this field trained the family's own.
+    model: str = ""
 
     def validate(self) -> None:
         """Every setting alone, before any data is read (the data-dependent checks are each family's check_data)."""
         self.validate_system()
+        check_name(self.model)
         self.check_floats()
         refuse(self.checks())
 
@@ -89,6 +94,11 @@ class InMemoryConfig(SystemConfig):
             (0 <= self.target_accuracy <= 1,
              f"target_accuracy is a fraction in [0, 1], e.g. {type(self).target_accuracy:g}"),  # the family's
         ]
+
+    def user_bn_momentum(self) -> float | None:
+        """The momentum the BatchNorm layers of the user's network take (tricks/bn_momentum.py): the family's own,
+        where it sets one; None: the builder's, untouched."""
+        return None
 
     def augmentation(self) -> Augmentation:
         """The training batches' augmentations (data/loader.py), as these settings choose them."""

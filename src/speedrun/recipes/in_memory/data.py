@@ -1,17 +1,19 @@
 """The answers to the runner (recipes/family.py's Family) that the in-memory families give alike: the data (a whole
 dataset in memory, from data.sources), its description and signature, step counts, the smoke test, the notes
-before a run, a saved model's card and the FLOPs of a run; and the parts of each family's data checks that are
-alike (the augmentations' fit, the memory, the batch against the data)."""
+before a run, a saved model's card and the FLOPs of a run; the check before a run, around each family's data checks,
+and the parts of those that are alike (the augmentations' fit, the memory, the batch against the data)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from speedrun import dist
 from speedrun.data import limits
 from speedrun.data.dataset import Dataset
 from speedrun.data.loader import channel_stats
@@ -22,6 +24,7 @@ from speedrun.engine import flops as run_flops
 from speedrun.engine.flops import RunFlops
 from speedrun.engine.loop import run_notes
 from speedrun.errors import counted
+from speedrun.recipes.in_memory import network
 from speedrun.recipes.in_memory.config import C, InMemoryConfig
 from speedrun.tricks.tta import selected_count
 
@@ -67,11 +70,6 @@ def epochs_for_steps(cfg: InMemoryConfig, num_train: int, steps: int) -> float:
     return loader_epochs(steps, num_train, cfg.batch_size, cfg.drop_last_batch)
 
 
-def idle_tricks(cfg: InMemoryConfig) -> list[str]:
-    """None: a family that trains its own network only (--model is the cifar family's)."""
-    return []
-
-
 def smoke(cfg: C, data: Dataset) -> tuple[C, Dataset]:
     """SMOKE_STEPS steps of at most SMOKE_BATCH images, no TTA, no per-epoch evaluation, on a fixed random sample
     of SMOKE_TRAIN_IMAGES train and SMOKE_TEST_IMAGES test images (Dataset.sample; folders are class-ordered)."""
@@ -110,10 +108,17 @@ def model_card(cfg: InMemoryConfig, data: Dataset) -> dict:
             "std": std.tolist(), "tta_level": cfg.tta_level}
 
 
-def flops_of(cfg: InMemoryConfig, data: Dataset, model: nn.Module) -> RunFlops:
-    """What one run of `model` (built on the meta device) computes (engine/flops.py): every step's batch forward and
-    backward, and the final evaluation; with selective TTA, the plain pass for every image and the other views for
-    the selected ones (tricks/tta.py)."""
+def flops_of(cfg: C, data: Dataset, build_model: Callable[[C, int, int, int], nn.Module]) -> RunFlops:
+    """What one run of the family's network (build_model(cfg, in_channels, num_classes, image_px), built on the meta
+    device) computes (engine/flops.py): every step's batch forward and backward, and the final evaluation; with
+    selective TTA, the plain pass for every image and the other views for the selected ones (tricks/tta.py)."""
+    c, side = data.image_shape[0], data.image_shape[1]
+    try:
+        model = run_flops.on_meta(lambda: build_model(cfg, c, data.num_classes, side))
+    except Exception as e:  # the user's code may not build on the meta device: the run goes on without a count
+        if not cfg.model:
+            raise
+        raise ValueError(f"--model {cfg.model} does not build on the meta device ({type(e).__name__})") from None
     run = run_flops.in_memory_run(model, data.image_shape, cfg.batch_size, run_steps(cfg, data.num_train),
                                   len(data.test_labels), cfg.tta_level)
     share = cfg.tta_fraction()
@@ -125,6 +130,21 @@ def flops_of(cfg: InMemoryConfig, data: Dataset, model: nn.Module) -> RunFlops:
     return dataclasses.replace(run, evaluation=plain + views,
                                counted=f"{run.counted}; the views beyond the plain pass for "
                                        f"{selected_count(n, share):,} of the {n:,} test images (tta_select)")
+
+
+# A family's check_data(cfg, image_shape, num_train, num_test, num_classes, device): its refusals and warnings
+CheckData = Callable[[C, tuple[int, int, int], int, int, int, torch.device], list[str]]
+
+
+def check_run(cfg: C, data: Dataset, device: torch.device, world: dist.World, check_data: CheckData[C],
+              idle_tricks: Callable[[C, nn.Module, int], list[str]]) -> list[str]:
+    """A family's check before a run: what running under torchrun needs (the batch splits evenly, SyncBatchNorm has
+    CUDA); the user's network (cfg.model) built and run on two images, and its note naming the tricks that do
+    nothing for it (network.notes; idle_tricks(cfg, net, in_channels)); then the family's check_data."""
+    dist.check(cfg.batch_size, world, device, cfg.sync_bn)
+    c = data.image_shape[0]
+    return network.notes(cfg, data, lambda net: idle_tricks(cfg, net, c)) + check_data(
+        cfg, data.image_shape, len(data.train_labels), len(data.test_labels), data.num_classes, device)
 
 
 def check_augmentation(cfg: InMemoryConfig, h: int, w: int) -> None:

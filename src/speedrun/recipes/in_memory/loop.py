@@ -276,3 +276,21 @@ def warmup(run: Callable[..., RunResult], cfg: InMemoryConfig, data: Dataset, de
     unguarded = dataclasses.replace(cfg, check_finite_loss=False)
     return untimed_warmup(device, cfg.compile, lambda: run(unguarded, data, device, seed=0, shuffle_labels=True,
                                                            world=world))
+
+
+
+class FamilyRun(Generic[C]):
+    """A family's train_run (recipes/family.py's Family): the shared loop, given for each run a new Hooks of the
+    family's made from that run's config. A family's module names the bound method
+    (`train_run = FamilyRun(CifarHooks).train_run`), and its warmup calls it by that name."""
+
+    def __init__(self, hooks: Callable[[C], Hooks[C, Any]]):
+        self.hooks = hooks
+
+    def train_run(self, cfg: C, data: Dataset, device: torch.device, seed: int, *, shuffle_labels: bool = False,
+                  world: dist.World | None = None, hooks: RunHooks | None = None,
+                  resume: dict[str, Any] | None = None) -> RunResult:
+        """One training run of `cfg` on `data`: the shared loop (train_run) with the family's hooks; hooks: what
+        the caller hears of the run and keeps of it (engine.loop.RunHooks)."""
+        return train_run(self.hooks(cfg), data, device, seed, shuffle_labels=shuffle_labels, world=world,
+                         run_hooks=hooks, resume=resume)
