@@ -112,6 +112,11 @@ class Diverged(RuntimeError):
                          f"({lr_name} {lr:.4g} at that step); lower {lr_name} (--set {lr_name}=...), train in fp32 "
                          "(--set precision=fp32) or check the data")
 
+    def as_run(self, seed: int, epochs: float) -> RunResult:
+        """The run this divergence ended, as results record it: its step, no accuracy."""
+        return RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=epochs, steps=self.step,
+                         diverged=self.to_dict())
+
     def to_dict(self) -> dict:
         # Strings, not bare NaN: strict JSON has no NaN or Infinity.
         return {"step": self.step, "total_steps": self.total_steps, "loss": str(self.loss), "lr": self.lr,

@@ -100,8 +100,7 @@ def measured_run(family, cfg, data, dev, seed: int, name: str, log, world=None, 
             run = family.train_run(cfg, data, dev, seed, world=world, hooks=boards.run_hooks(scalars))
         except Diverged as e:
             log(f"warning: {name}, seed {seed}: {e}")
-            run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs, steps=e.step,
-                            diverged=e.to_dict())
+            run = e.as_run(seed, cfg.epochs)
     run.model = None
     return run
 

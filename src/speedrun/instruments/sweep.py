@@ -1039,8 +1039,7 @@ def _trials(optuna, study, spec: SweepSpec, prep: _Prepared) -> dict:
                                                         hooks=boards.run_hooks(scalars, on_epoch=hook))
                 except Diverged as e:
                     warn(f"trial {trial.number}, seed {seed}: {e}")
-                    run = RunResult(seed=seed, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                    steps=e.step, diverged=e.to_dict())
+                    run = e.as_run(seed, cfg.epochs)
                 except _Pruned as e:
                     pruned_at = e.args[0]
                     break

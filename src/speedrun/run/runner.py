@@ -24,7 +24,7 @@ from typing import Any, cast
 from speedrun import dist
 from speedrun.config import apply_overrides, check_int, field_defaults
 from speedrun.engine.checkpoint import list_checkpoints
-from speedrun.engine.loop import Diverged, RunResult
+from speedrun.engine.loop import Diverged
 from speedrun.engine.system import System, resolve_device
 from speedrun.errors import SpeedrunWarning, counted, escaped_refusals, warn
 from speedrun.models import custom
@@ -420,8 +420,7 @@ class _Job:
                                                resume=state if i == first_run else None)
                 except Diverged as e:
                     warn(f"run {i + 1}/{runs} (seed {seed + i}) {e}")
-                    one = RunResult(seed=seed + i, accuracy=None, train_seconds=None, epochs=cfg.epochs,
-                                    steps=e.step, diverged=e.to_dict())
+                    one = e.as_run(seed + i, cfg.epochs)
             result.model, one.model = one.model, None  # keep one model alive, not N
             result.runs.append(one)
             result.complete = len(result.runs) == runs
