@@ -138,3 +138,29 @@ def test_the_network_field_is_shared_and_a_resnet_file_without_it_trained_resnet
     del card["config"]["model"]
     (tmp_path / "m.json").write_text(json.dumps(card))
     assert isinstance(speedrun.load(tmp_path / "m").net, cifar_resnet.CifarResNet)
+
+
+def test_the_final_evaluation_reports_its_progress_and_without_the_hook_changes_nothing():
+    """RunHooks.on_evaluation: (0, total) when the final evaluation begins, then after each batch, up to (total,
+    total) in forward passes of one image (TTA level 2: 6 a test image); the run's numbers are those of a run
+    without it."""
+    from speedrun.engine.loop import RunHooks
+
+    data = make_tiny(n_train=64, n_test=48, shape=(3, 16, 16))
+    cfg = dataclasses.replace(cifar.cifar10_94(), widths=(8, 8, 8), batch_size=32, whiten_images=32, epochs=1.0,
+                              tta_level=2, eval_batch_size=20, eval_each_epoch=False)
+    seen: list[tuple[int, int]] = []
+    hooked = cifar.train_run(cfg, data, CPU, 0, hooks=RunHooks(on_evaluation=lambda d, t: seen.append((d, t))))
+    plain = cifar.train_run(cfg, data, CPU, 0)
+    assert seen == [(0, 288), (120, 288), (240, 288), (288, 288)]
+    assert hooked.accuracy == plain.accuracy
+
+
+def test_train_shows_the_final_evaluation_as_it_goes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["train", "cifar10-94", "--dataset", "synthetic:train=64,test=48,shape=3x16x16",
+                            "--device", "cpu", "--epochs", "1", "--set", "widths=8,8,8", "--set", "batch_size=32",
+                            "--set", "whiten_images=32", "--set", "eval_batch_size=20", "--json", "r.json"], capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "final evaluation with TTA level 2" in line and "%" in line]
+    assert [line.split(" 2 ")[1].split("%")[0] for line in lines] == ["0", "41", "83", "100"], err

@@ -34,9 +34,12 @@ class RunHooks:
     on_step(done, total): after each optimizer step (a progress bar). on_epoch(row): each row of the per-epoch
     table. on_scalars(step, loss, loss_scale, lr): each step's numbers (Steps.after says what each is; the
     TensorBoard log). checkpoints: run/resume.py's Checkpoints (a layer above this one: Any here), which save the
-    training state every N steps, at the last step and on a signal."""
+    training state every N steps, at the last step and on a signal. on_evaluation(done, total): after each batch of
+    the final evaluation, in forward passes of one image (tricks/tta.py's passes) of this process's share: with TTA
+    on a CPU it takes minutes, and is shown as it goes."""
 
     on_step: Callable[[int, int], None] | None = None
+    on_evaluation: Callable[[int, int], None] | None = None
     on_epoch: Callable[[dict], None] | None = None
     on_scalars: Callable[[int, torch.Tensor, float, float | None], None] | None = None
     checkpoints: Any = None

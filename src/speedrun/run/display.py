@@ -156,10 +156,11 @@ class Display:
 
     @contextlib.contextmanager
     def run(self, index: int, total: int, seed: int, final: str = "final evaluation"):
-        """Yields (on_step, on_epoch) callbacks for one run. The per-epoch table streams: each row is printed
-        as its epoch ends, above the progress bar, so a long (CPU) run shows its learning curve as it goes."""
+        """Yields (on_step, on_epoch, on_evaluation) callbacks for one run. The per-epoch table streams: each row is
+        printed as its epoch ends, above the progress bar, so a long (CPU) run shows its learning curve as it goes;
+        the final evaluation (minutes with TTA on a CPU) has its progress too."""
         if not self.verbose:
-            yield None, None
+            yield None, None, None
             return
         self.err.print(f"\nrun {index + 1}/{total} (seed {seed})", highlight=False)
         self.err.print(_ROW.format("epoch", "step", "train loss", "train acc %", "test acc %", "timed s"),
@@ -174,15 +175,21 @@ class Display:
             progress = Progress(TextColumn(f"run {index + 1}/{total}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=self.err, transient=True)
             task = progress.add_task("train", total=None)
+            scoring: list = []  # the final evaluation's task, once it starts
 
             def on_step(step: int, steps: int) -> None:
                 progress.update(task, completed=step, total=steps)
 
+            def on_evaluation(done: int, passes: int) -> None:
+                if not scoring:
+                    scoring.append(progress.add_task(final, total=passes))
+                progress.update(scoring[0], completed=done, total=passes)
+
             with progress:
-                yield on_step, on_epoch
+                yield on_step, on_epoch, on_evaluation
         else:
             start = time.perf_counter()
-            shown = [0]  # tenths of the run already reported
+            shown = [0, 0]  # tenths of the run's steps, and of its final evaluation, already reported
 
             def on_step(step: int, steps: int) -> None:
                 tenth = step * 10 // steps
@@ -191,7 +198,14 @@ class Display:
                     self.err.print(f"run {index + 1}/{total}: step {step}/{steps} ({100 * step // steps}%), "
                                    f"{time.perf_counter() - start:.1f} s", highlight=False)
 
-            yield on_step, on_epoch
+            def on_evaluation(done: int, passes: int) -> None:
+                tenth = done * 10 // max(1, passes)
+                if done == 0 or tenth > shown[1]:
+                    shown[1] = tenth
+                    self.err.print(f"run {index + 1}/{total}: {final} {100 * done // max(1, passes)}%, "
+                                   f"{time.perf_counter() - start:.1f} s", highlight=False)
+
+            yield on_step, on_epoch, on_evaluation
         self.err.print(f"(last row: test accuracy of the {final}; timed s: the timed region so far)",
                        highlight=False)
 

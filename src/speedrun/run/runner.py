@@ -413,9 +413,10 @@ class _Job:
             with boards.run_log(self.board, cfg, seed=seed + i, dataset=run.dataset,
                                 steps=family.run_steps(cfg, data.num_train)) as log:
                 try:
-                    with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch):
-                        hooks = boards.run_hooks(log, on_step=on_step, on_epoch=on_epoch,
-                                                 checkpoints=self.checkpoints)
+                    with show.run(i, runs, seed + i, family.final_evaluation(cfg)) as (on_step, on_epoch, scoring):
+                        hooks = dataclasses.replace(boards.run_hooks(log, on_step=on_step, on_epoch=on_epoch,
+                                                                     checkpoints=self.checkpoints),
+                                                    on_evaluation=scoring)
                         one = family.train_run(cfg, data, run.device, seed + i, world=run.world, hooks=hooks,
                                                resume=state if i == first_run else None)
                 except Diverged as e:

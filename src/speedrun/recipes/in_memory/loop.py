@@ -33,6 +33,7 @@ from speedrun.recipes.in_memory.config import C, InMemoryConfig
 from speedrun.tricks.label_smoothing import cross_entropy
 from speedrun.tricks.lookahead import Lookahead, lookahead_decay
 from speedrun.tricks.schedule import triangle
+from speedrun.tricks.tta import passes as tta_passes
 
 Amp = Callable[[], contextlib.AbstractContextManager]
 
@@ -204,11 +205,24 @@ def train_run(hooks: Hooks[Any, Any], data: Dataset, device: torch.device, seed:
     total_steps = loader.steps
     lr_name, base_lr = hooks.lr_setting()
 
-    def scored(tta_level: int) -> float:  # test accuracy; every process takes rank 0's BatchNorm statistics first
+    def scored(tta_level: int, progress: Callable[[int, int], None] | None = None) -> float:
+        """Test accuracy; every process takes rank 0's BatchNorm statistics first. progress(done, total): passes."""
         dist.broadcast_model(model, world)
+        share = len(test_labels) * (world.rank + 1) // world.size - len(test_labels) * world.rank // world.size
+        fraction = cfg.tta_fraction() or 1.0  # 0 or None: every image gets the views (as evaluate reads it)
+        total, done = tta_passes(share, tta_level, fraction if 0 < fraction < 1 else 1.0), [0]
+
+        def on_batch(passes: int) -> None:
+            done[0] += passes
+            if progress is not None:
+                progress(done[0], total)
+
+        if progress is not None:
+            progress(0, total)  # begun: its first batch may take many seconds on a CPU
+
         return evaluate(forward, test_images, test_labels, normalization=loader.normalization, tta_level=tta_level,
                         batch_size=cfg.eval_batch_size, autocast=system.amp, world=world,
-                        tta_select=cfg.tta_fraction())
+                        tta_select=cfg.tta_fraction(), on_batch=None if progress is None else on_batch)
 
     timer = Timer(device)
     if resume is None:
@@ -258,7 +272,7 @@ def train_run(hooks: Hooks[Any, Any], data: Dataset, device: torch.device, seed:
         guard.finish()
     if state.lookahead is not None:
         state.lookahead.update(1.0)  # final sync: the live net takes the averaged weights
-    accuracy = scored(cfg.tta_level)
+    accuracy = scored(cfg.tta_level, None if run_hooks is None else run_hooks.on_evaluation)
     train_seconds = timer.stop()  # ---- end of timed region ----
     # A run resumed from its last step's checkpoint took no step here: its last row was kept in that checkpoint.
     steps.final(state, accuracy, train_seconds, lambda seconds: last_batch_row(
