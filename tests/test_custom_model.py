@@ -441,3 +441,15 @@ def test_resnet18_refuses_a_bad_model_in_one_line_before_any_work(body, spec, fr
     assert err.count("\n") == 1 and err.startswith("speedrun: error: ") and "Traceback" not in err, err
     assert fragment in err, err
     assert not no_run and not (tmp_path / "r.json").exists()
+
+
+def test_tune_refuses_a_network_of_the_wrong_shape_once_before_trying_any_setting(tmp_path, capsys, no_run):
+    spec = _module(tmp_path, "wide", """
+        import torch
+
+        def build(c, k, px):
+            return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(c * px * px, k + 1))
+    """) + ":build"
+    code, out, err = run_cli(["tune", "--model", spec, *TINY], capsys)
+    assert code == 2 and "must give logits" in err and "run here?" not in err, err
+    assert err.count("speedrun: error:") == 1 and not no_run

@@ -173,6 +173,7 @@ def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] |
     if not found:
         raise ValueError("no setting to try on this device for this recipe" + (" (--only)" if only else ""))
     run.load(log)  # for the smoke runs; bench loads the data again for the timed ones
+    run.checked()  # what no setting can change (the user's network, the data) refused once, not once a setting
     changes = dict(found)
     failed = _smoke_each(run, lambda name: run.config(changes[name]), list(changes), log)
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
