@@ -163,10 +163,10 @@ def bench(request: RunRequest, *, vary: list[tuple[str, list[str]]] | None = Non
     waterfall of ablate.py: cumulative configs).
     tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
     made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged)."""
-    run = prepare(request, join=False)
-    rec, family = run.recipe, run.family
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
+    run = prepare(request, join=False)
+    rec, family = run.recipe, run.family
     if steps is None:
         steps = [("baseline", {})] + [(f"{key}={value}", {key: value})
                                       for key, values in vary or [] for value in values]

@@ -80,7 +80,9 @@ class Rounds:
     runs: int
     seed: int = 0
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """Refuse (ValueError naming the flag) a count out of range; bench_loader asks once DIR and its split are
+        known to be there, so a wrong DIR is named first."""
         for name, value, low, high in (("--batch", self.batch_size, 1, 4096),
                                        ("--batches", self.timed_batches, 1, 100_000), ("--runs", self.runs, 1, 1000)):
             _check(name, value, low, high)
@@ -284,6 +286,7 @@ def bench_loader(root: str, rounds: Rounds, *, split: str | None = None, workers
     root_path = user_path(root, "DIR")
     split = find_split(root_path, split)
     n = _count(root_path, split)
+    rounds.check()
     _check("--decode-px", decode_px, 8, 1024)
     limits.check_memory(batch_bytes(batch, max(workers), max(res), decode_px),
                         f"--batch {batch} at --res {max(res)} px with --decode-px {decode_px} and "

@@ -794,9 +794,10 @@ def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None
     database).
 
     Nothing is created before everything is checked: the options (spec.check()) and the space; the grid's size; the
-    storage (an SQLite file must be absent, empty or an Optuna study storage, and an existing storage is read for
-    the study and its question); the TensorBoard folder; that every file and folder the sweep makes can be made
-    there (a folder this process may write); an existing results database; the data and the recipe's check of it.
+    storage's URL; the data and the recipe's check of it (the data's identity is part of the study's question);
+    the storage (an SQLite file must be absent, empty or an Optuna study storage, and an existing storage is read
+    for the study and its question); the TensorBoard folder; that every file and folder the sweep makes can be made
+    there (a folder this process may write); an existing results database.
     (That no two of its outputs are one file, the study storage and the results database among them, the CLI checks
     first: storage_output.) Then a new storage is opened, made (with the default storage's folder, the results
     database's), the report file claimed (spec.json_path; None: a new results/<time>-sweep-<recipe>-<dataset>.json),
@@ -822,7 +823,18 @@ def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None
                          "leave out --prune")
     if spec.sampler == "grid":
         check_grid(params)
-    dataset = rec.default_dataset if spec.dataset is None else spec.dataset
+    url = spec.storage_url if spec.storage_url is not None else default_storage(spec.db_path)
+    check_storage_url(url)
+    shown = shown_url(url)
+    file = storage_file(url)
+    lock = _Lock(shown if file is None else str(file), log)
+    run = prepare(RunRequest(rec.name, spec.dataset, spec.device, spec.epochs, overrides, spec.data_dir), cfg=base,
+                  join=False)  # one process: the CLI refuses sweep under torchrun
+    # The data and the recipe's check of it, before the study is named: a copy of a named dataset that is not its
+    # published files is another data set (recorded under its path), and so another question and study.
+    run.load(log)
+    run.checked()  # the base config's notes, as train shows them
+    dataset = run.dataset
     question = {"recipe": rec.name, "dataset": str(dataset), "objective": spec.objective, "epochs": spec.epochs,
                 "set": {k: str(v) for k, v in sorted(overrides.items())}, "space": sorted(p.text for p in params)}
     # the name follows what is searched; runs, seeds and the threshold judge every trial alike, so a resume
@@ -830,13 +842,6 @@ def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None
     name = spec.study_name if spec.study_name is not None else \
         default_study_name(rec.name, dataset, spec.objective, question)
     question.update(runs=spec.runs, seed=spec.seed, **({"record_p": alpha} if spec.objective == "time" else {}))
-    url = spec.storage_url if spec.storage_url is not None else default_storage(spec.db_path)
-    check_storage_url(url)
-    shown = shown_url(url)
-    file = storage_file(url)
-    lock = _Lock(shown if file is None else str(file), log)
-    run = prepare(RunRequest(rec.name, dataset, spec.device, spec.epochs, overrides, spec.data_dir), cfg=base,
-                  join=False)  # one process: the CLI refuses sweep under torchrun
     if spec.tensorboard_dir is not None:
         boards.check_board(spec.tensorboard_dir)
     what = f"--storage {shown}" if spec.storage_url is not None else \
@@ -865,8 +870,6 @@ def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None
                 store = _open_storage(optuna, url, lock)
                 the_study = _check_study(optuna, store, name, shown=shown, resume=spec.resume, direction=direction,
                                          question=question, sampler=the_sampler, pruner=pruner)
-        run.load(log)  # a copy of a named dataset that is not its published files: recorded under its path
-        run.checked()  # the base config's notes, as train shows them
         if store is None:  # a new storage, opened (and so made) first of the sweep's files: the likeliest to fail
             if spec.storage_url is None:  # speedrun's own folder, the results database's, made as connect makes it
                 make_folder(file.parent, "the folder of the results database and the study storage",

@@ -97,11 +97,11 @@ def search(measure: Callable[[int], tuple[bool, Any]], start: int, floor: int, c
 def to_target(request: RunRequest, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, seed: int = 0,
               log: Callable[[str], None] = print_line) -> dict:
     """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
-    run = prepare(request, join=False)
-    family, base = run.family, run.cfg
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
     max_probes = check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
+    run = prepare(request, join=False)
+    family, base = run.family, run.cfg
     measured, already_off = split_tricks(family.TRICKS, base, run.device, family.idle_tricks(base))
     variants = [("baseline", {})] + [(f"{key}={set_text(off)}", {key: set_text(off)}) for key, off, _ in measured]
     configs = {name: run.config(changes) for name, changes in variants}

@@ -168,15 +168,19 @@ class TrainOptions:
 
     @classmethod
     def split(cls, options: TrainOptions | None, keywords: dict[str, Any]) -> tuple[TrainOptions, dict[str, Any]]:
-        """(the options, checked, from `options` and the keywords that name one; the other keywords)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in keywords.items() if k in names}
+        """(the options, checked, from `options` and the keywords that name one; the other keywords). A keyword
+        sets a field that `options` leaves at its default; one that `options` sets to another value is refused."""
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in keywords.items() if k in fields}
         if options is not None and not isinstance(options, cls):
             raise ValueError(f"options={options!r:.80} is not a TrainOptions")
-        if options is not None and given:
-            raise ValueError(f"{', '.join(sorted(given))} given both as a keyword and in options; give each once")
+        twice = sorted(k for k, v in given.items() if options is not None and getattr(options, k) != fields[k]
+                       and getattr(options, k) != v)
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given as a keyword and in options, with other values; give each "
+                             "once")
         chosen = dataclasses.replace(options or cls(), **given)
-        return chosen.checked(), {k: v for k, v in keywords.items() if k not in names}
+        return chosen.checked(), {k: v for k, v in keywords.items() if k not in fields}
 
     def checked(self) -> TrainOptions:
         _check_types(json_path=(self.json_path, _PATH_LIKE, "a file path, 'auto' or None (--json)"),
@@ -323,9 +327,14 @@ class _Job:
         return self.plan.find(world, self.show.line)  # the checkpoint to resume (before the result is claimed)
 
     def finished(self, found: resuming.Found | None) -> Result | None:
-        """The finished job's result as its file holds it, when --resume auto finds the job done; else None."""
-        run = self.run
-        done = self.plan.finished_job(found, self.runs, {"recipe": run.recipe.name, "dataset": run.dataset,
+        """The finished job's result as its file holds it, when --resume auto finds the job done; else None. Asked
+        before the data is read: a checkpoint of a copy from --data-dir records the copy's path (PreparedRun.load),
+        which stands for the dataset's name here."""
+        run, data_dir = self.run, self.run.request.data_dir
+        dataset = run.dataset
+        if found is not None and data_dir is not None and found[1].get("dataset") == os.fspath(data_dir):
+            dataset = os.fspath(data_dir)
+        done = self.plan.finished_job(found, self.runs, {"recipe": run.recipe.name, "dataset": dataset,
                                                          "config": dataclasses.asdict(run.cfg), "seed": self.seed},
                                       run.family.MAY_DIFFER_ON_RESUME, self.database, run.world,
                                       field_defaults(run.cfg))
