@@ -12,10 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from speedrun.data.dataset import Dataset
     from speedrun.recipes import cifar, cifar_resnet, imagenet
+    from speedrun.recipes.cifar.config import CifarConfig
+    from speedrun.recipes.cifar_resnet.config import ResnetConfig
     from speedrun.recipes.family import Family
+    from speedrun.recipes.imagenet.config import ImagenetConfig
+    from speedrun.recipes.imagenet.data import ShardData
 
-    # One line per family of recipes/__init__.py's FAMILIES.
-    _cifar: Family = cifar
-    _cifar_resnet: Family = cifar_resnet
-    _imagenet: Family = imagenet
+    # One line per family of recipes/__init__.py's FAMILIES: the family, typed by its config and its data.
+    _cifar: Family[CifarConfig, Dataset] = cifar
+    _cifar_resnet: Family[ResnetConfig, Dataset] = cifar_resnet
+    _imagenet: Family[ImagenetConfig, ShardData] = imagenet
