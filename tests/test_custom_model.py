@@ -453,3 +453,33 @@ def test_tune_refuses_a_network_of_the_wrong_shape_once_before_trying_any_settin
     code, out, err = run_cli(["tune", "--model", spec, *TINY], capsys)
     assert code == 2 and "must give logits" in err and "run here?" not in err, err
     assert err.count("speedrun: error:") == 1 and not no_run
+
+
+def test_a_network_that_fails_mid_training_is_named_as_the_users_error(tmp_path, capsys):
+    """Not "internal error ... a bug: please report it": the user's forward raised, so the line names the builder,
+    the file, line and function of the user's code that raised, and what it said; exit 2."""
+    spec = _module(tmp_path, "breaks", """
+        from torch import nn
+
+
+        class Net(nn.Module):
+            def __init__(self, c, k):
+                super().__init__()
+                self.conv, self.head, self.calls = nn.Conv2d(c, 8, 3, padding=1), nn.Linear(8, k), 0
+
+            def forward(self, x):
+                self.calls += 1
+                if self.calls > 4:  # past the check's two probes and a step or two
+                    raise RuntimeError("my layer broke")
+                return self.head(self.conv(x).mean((2, 3)))
+
+
+        def build(c, k, px):
+            return Net(c, k)
+    """) + ":build"
+    code, _, err = run_cli(["train", "--model", spec, *TINY, "--json", "r.json"], capsys)
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("speedrun: error: the network of --model breaks:build raised RuntimeError at "
+                           "breaks.py:"), err
+    assert "in forward: my layer broke" in last and "internal error" not in err, err

@@ -302,9 +302,22 @@ def _main(argv: list[str] | None) -> int:
             say(f"{prog}: error: lost contact with another process of the job: it failed or was stopped, and its "
                   f"own line (or torchrun's report) says why ({clip(one_line(exc, prose=True), 200)}){_kept(exc)}")
             return EXIT_INTERNAL
+        user = _users_code(exc)
+        if user is not None:  # the user's network (--model) failed: theirs to mend, not a bug of speedrun's
+            name, where = user
+            say(f"{prog}: error: the network of --model {name} raised {type(exc).__name__} at {one_line(where)}: "
+                f"{clip(one_line(exc, prose=True), 300)}; mend the network (SPEEDRUN_TRACEBACK=1 shows the "
+                f"traceback){_kept(exc)}")
+            return EXIT_USAGE
         say(f"{prog}: internal error: {type(exc).__name__}: {clip(one_line(exc, prose=True), 300)} (a bug: please "
               f"report it; SPEEDRUN_TRACEBACK=1 shows the traceback){_kept(exc)}")
         return EXIT_INTERNAL
+
+
+def _users_code(exc: BaseException) -> tuple[str, str] | None:
+    """models/custom.raised_in, where a --model builder was loaded (the module imports torch: never imported here)."""
+    custom = sys.modules.get("speedrun.models.custom")
+    return None if custom is None else custom.raised_in(exc)
 
 
 def _error_line(prog: str, exc: OSError) -> int:

@@ -247,3 +247,35 @@ def check_network(name: str, image_shape: tuple[int, int, int], num_classes: int
         if not out.is_floating_point():
             raise ValueError(f"--model {name}: its network gives {out.dtype} output; logits must be floating point")
     return net
+
+
+def raised_in(exc: BaseException) -> tuple[str, str] | None:
+    """Where the user's code (a file or module a builder of this process came from) raised `exc` or what led to it
+    (its __cause__ / __context__): (the builder's name, "FILE:LINE in FUNCTION") for the innermost such frame, or
+    None where no frame of it is on the traceback. A network's forward that fails mid-training is the user's error
+    to mend, not speedrun's bug to report."""
+    files = {name: _file_of(fn) for name, fn in _BUILDERS.items()}
+    seen: set[int] = set()
+    chain: BaseException | None = exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        found = None
+        tb = chain.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            here = os.path.realpath(code.co_filename)
+            owner = next((name for name, path in files.items() if path and here == path), None)
+            if owner is not None:
+                found = (owner, f"{Path(code.co_filename).name}:{tb.tb_lineno} in {code.co_name}")
+            tb = tb.tb_next
+        if found is not None:
+            return found
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
+def _file_of(fn: Callable[..., nn.Module]) -> str | None:
+    """The source file of the module a builder is defined in (its network's classes are usually beside it)."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    path = getattr(module, "__file__", None) or getattr(getattr(fn, "__code__", None), "co_filename", None)
+    return os.path.realpath(path) if path else None
