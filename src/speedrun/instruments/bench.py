@@ -35,7 +35,7 @@ from speedrun.records.result_file import (check_result_path, claim_result_path, 
                                           release_result_path, write_json)
 from speedrun.records.stats import FRACTION, NON_NEGATIVE, mean_diff_test, summarize
 from speedrun.run import tensorboard as boards
-from speedrun.run.prepared import MAX_RUNS, RunRequest, prepare
+from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, prepare
 
 
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
@@ -153,11 +153,11 @@ def round_orders(count: int, rounds: int, seed: int) -> list[list[int]]:
     return orders
 
 
-def bench(request: RunRequest, *, vary: list[tuple[str, list[str]]] | None = None,
+def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, runs: int = 3, seed: int = 0,
           log: Callable[[str], None] = print_line, tensorboard: str | os.PathLike | None = None) -> dict:
     """Train the baseline (the request's config) and every --vary setting `runs` times, interleaved; return the
-    report (see module).
+    report (see module). request: what to prepare, or a run prepared already (its data read once).
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
     waterfall of ablate.py: cumulative configs).
@@ -165,7 +165,7 @@ def bench(request: RunRequest, *, vary: list[tuple[str, list[str]]] | None = Non
     made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged)."""
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
-    run = prepare(request, join=False)
+    run = request if isinstance(request, PreparedRun) else prepare(request, join=False)
     rec, family = run.recipe, run.family
     if steps is None:
         steps = [("baseline", {})] + [(f"{key}={value}", {key: value})

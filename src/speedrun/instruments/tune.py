@@ -172,14 +172,14 @@ def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] |
         found = [(n, c) for n, c in found if set(c) & set(only)]
     if not found:
         raise ValueError("no setting to try on this device for this recipe" + (" (--only)" if only else ""))
-    run.load(log)  # for the smoke runs; bench loads the data again for the timed ones
+    run.load(log)  # for the smoke runs and, handed on to bench, the timed ones
     run.checked()  # what no setting can change (the user's network, the data) refused once, not once a setting
     changes = dict(found)
     failed = _smoke_each(run, lambda name: run.config(changes[name]), list(changes), log)
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
     if len(steps) == 1:
         raise ValueError("no setting to try runs here: " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
-    report = bench(request, steps=steps, runs=runs, seed=seed, log=log)
+    report = bench(run, steps=steps, runs=runs, seed=seed, log=log)
     report["benchmark"] = "tune"
     rows = []
     current = resolve_system(cfg, dev)

@@ -112,7 +112,10 @@ class PreparedRun:
         return self.world
 
     def load(self, log: Callable[[str], None]) -> Any:
-        """The data, rank 0 first (what it writes once, a download or a decoded cache, the others then read)."""
+        """The data, rank 0 first (what it writes once, a download or a decoded cache, the others then read); read
+        once: a command that hands its prepared run on (tune to bench) reads it no more."""
+        if self.data is not None:
+            return self.data
         req, start = self.request, time.perf_counter()
         self.data = dist.main_first(self.world, lambda: self.family.load_data(
             self.dataset, data_dir=req.data_dir, image_size=req.image_size, log=log, smoke=req.smoke))
