@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Sequence
 
+from filelock import lock_descriptor
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
 from speedrun.data import limits
 from speedrun.errors import counted, printable, warn
 from speedrun.paths import in_the_way, make_dirs
-
-try:
-    import fcntl  # POSIX advisory locks for concurrent downloads; absent on Windows
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
 
 _CHUNK = 1 << 20  # 1 MiB: big enough to keep urllib and hashlib overhead negligible
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -56,7 +56,6 @@ DEFAULT_MIN_RATE = 1000.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _SCHEMES = ("http", "https", "file")
-_REDRAW_S = 0.25  # the terminal bar's redraws: 4 a second reads as live without costing the transfer anything
 # The --mirror URLs of the command being run (the CLI sets them as it parses: cli/parser.py).
 _GIVEN_MIRRORS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("speedrun_mirrors", default=())
 
@@ -206,7 +205,7 @@ def download_min_rate() -> float:
                        "a number of bytes a second from 0 (no minimum) to 1e12", "500")
 
 
-# ---- the progress bar --------------------------------------------------------------------------------------------
+# ---- progress and the lock -----------------------------------------------------------------------------------------
 
 
 def _size(n: float) -> str:
@@ -222,9 +221,10 @@ def _clock(seconds: float) -> str:
 
 
 def progress_line(name: str, done: int, total: int | None, rate: float | None, width: int = 20) -> str:
-    """The progress bar's text, e.g. `cifar-10-python.tar.gz [#####---------------]  26%  45.2 MB/170.5 MB
-    1.2 MB/s  ETA 1:44`. total: the file's size, None when the server did not say (then only the bytes and the
-    rate); rate: bytes a second of the transfer in progress, None (or 0) before it is known."""
+    """A download's progress as one line of text, for a log that cannot show a redrawn bar, e.g.
+    `cifar-10-python.tar.gz [#####---------------]  26%  45.2 MB/170.5 MB  1.2 MB/s  ETA 1:44`. total: the file's
+    size, None when the server did not say (then only the bytes and the rate); rate: bytes a second of the transfer
+    in progress, None (or 0) before it is known."""
     speed = f"{_size(rate)}/s" if rate else "-- B/s"
     if not total:
         return f"{name}  {_size(done)}  {speed}"
@@ -236,11 +236,12 @@ def progress_line(name: str, done: int, total: int | None, rate: float | None, w
 
 
 class _Progress:
-    """progress_line on stderr while a file arrives, redrawn in place with \\r on a terminal and erased at the end
-    (the caller logs the final line). Only on a terminal nothing else draws on: while a rich live display (the CLI's
-    status line) holds stderr, sys.stderr is its proxy (rich_proxied_file), which would print every redraw as a
-    line, so then the text goes to `log` at each tenth of the file, and that display shows it as its status. Not a
-    terminal (a log file, CI): nothing; the final line is all."""
+    """A file's progress on stderr while it arrives. On a terminal: a rich.progress bar, erased at the end (the
+    caller logs the final line); each transfer has a task of its own, so the rate shown is that mirror's. Nothing else
+    may draw there: while a rich live display (the CLI's status line) holds stderr, sys.stderr is its proxy
+    (rich_proxied_file), which would print each redraw of a second display as a line, so then progress_line goes to
+    `log` at each tenth of the file, and that display shows it as its status. Not a terminal (a log file, CI):
+    nothing; the final line is all."""
 
     def __init__(self, name: str, log: Callable[[str], None], stream=None):
         stream = sys.stderr if stream is None else stream
@@ -248,19 +249,36 @@ class _Progress:
             terminal = bool(stream.isatty())
         except (AttributeError, OSError, ValueError):  # no stream, or a closed one
             terminal = False
-        self.mode = ("log" if hasattr(stream, "rich_proxied_file") else "draw") if terminal else "off"
-        self.name, self.log, self.stream = printable(name), log, stream
-        self.drawn_at = -math.inf
+        self.name, self.log = printable(name), log
+        self.logging = terminal and hasattr(stream, "rich_proxied_file")
+        self.bar = self.task = None  # a rich Progress while one is drawn, and this transfer's task in it
+        console = Console(file=stream, soft_wrap=True) if terminal and not self.logging else None
+        if console is not None and console.is_interactive:  # not TERM=dumb, nor TTY_COMPATIBLE=0
+            # Redrawn 4 times a second: reads as live without costing the transfer anything. stderr's lines print
+            # above the bar (soft_wrap: each stays one line); stdout stays where it is (`speedrun ... > summary.txt`).
+            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
+                                DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                                transient=True, refresh_per_second=4, redirect_stdout=False)
         self.tenth = -1
-        self.shown = False
+
+    def restart(self) -> None:
+        """A new transfer begins: its bytes are counted, and its rate measured, from the next update."""
+        if self.bar is not None and self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = None
 
     def update(self, done: int, total: int | None, rate: float | None) -> None:
-        if self.mode == "draw":
-            now = time.monotonic()
-            if now - self.drawn_at >= _REDRAW_S:
-                self.drawn_at = now
-                self._write(f"\r{progress_line(self.name, done, total, rate)}\x1b[K")
-        elif self.mode == "log" and total:
+        if self.bar is not None:
+            try:
+                if self.task is None:
+                    self.task = self.bar.add_task(self.name, total=total, completed=done)
+                    self.bar.start()
+                else:
+                    self.bar.update(self.task, completed=done)
+            except (OSError, ValueError):  # the terminal went away: the download goes on without a bar
+                self.close()
+                self.bar = None
+        elif self.logging and total:
             tenth = min(10 * done // total, 10)
             if tenth > self.tenth:
                 if 0 < tenth < 10 and self.tenth >= 0:
@@ -268,53 +286,50 @@ class _Progress:
                 self.tenth = tenth
 
     def close(self) -> None:
-        if self.shown:
-            self._write("\r\x1b[K")
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-            self.shown = True
-        except (OSError, ValueError):  # the terminal went away: the download goes on without a bar
-            self.mode = "off"
+        if self.bar is not None and self.bar.live.is_started:
+            with contextlib.suppress(OSError, ValueError):
+                self.bar.stop()
 
 
 @contextlib.contextmanager
 def _download_lock(dest: Path, log: Callable[[str], None]) -> Iterator[bool]:
-    """Hold an advisory lock on `.<dest name>.lock` beside `dest`, so one process downloads and others wait; yields
-    whether it holds one.
+    """Hold a lock on `.<dest name>.lock` beside `dest`, so one process downloads and others wait; yields whether it
+    holds one.
 
-    The lock file is removed by its holder before unlocking. A waiter may then hold a lock on a file that is no
-    longer at that path (or has been replaced), so after locking it checks that the path still names the file it
-    locked, and starts over if not: whoever proceeds holds the lock on the one current lock file. Where there is
-    no fcntl (Windows) or the file system refuses locks, this does nothing: publishing stays safe (see fetch),
-    at worst two processes both download.
+    The lock is filelock's (flock, or LockFileEx on Windows), taken on a descriptor of our own (_open_own, as for
+    the partial file: never a link, FIFO or someone's file), not through filelock.FileLock, which leaves its file in
+    place on release, while a download leaves nothing beside its file. So the lock file is removed by its holder
+    before unlocking. A waiter may then hold a lock on a file that is no longer at that path (or has been replaced),
+    so after locking it checks that the path still names the file it locked, and starts over if not: whoever
+    proceeds holds the lock on the one current lock file. Where the file system refuses locks, this does nothing:
+    publishing stays safe (see fetch), at worst two processes both download.
     """
     lock_path = dest.with_name(f".{dest.name}.lock")
-    fd = _lock_file(lock_path, dest.name, log) if fcntl is not None else None
+    fd = _lock_file(lock_path, dest.name, log)
     try:
         yield fd is not None
     finally:
         if fd is not None:
-            _remove_own(lock_path, os.fstat(fd))  # while still holding it: see above
+            identity = os.fstat(fd)
+            _remove_own(lock_path, identity)  # while still holding it: see above
             os.close(fd)
+            if os.name == "nt":  # Windows removes no file that is open anywhere: now, unless a waiter holds it
+                _remove_own(lock_path, identity)
 
 
 def _lock_file(lock_path: Path, name: str, log: Callable[[str], None]) -> int | None:
-    """An open descriptor holding an exclusive flock on the file now at `lock_path`; None where locks fail."""
+    """An open descriptor holding the exclusive lock on the file now at `lock_path`; None where locks fail."""
     while True:
         try:
             fd = _open_own(lock_path, os.O_RDWR)
         except OSError:
             return None  # an unwritable directory: the download itself will say so
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not lock_descriptor(fd, blocking=False):
                 log(f"waiting for another process downloading {name}")
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # e.g. ENOLCK on some network file systems
+                lock_descriptor(fd)
+        except OSError:  # e.g. ENOLCK on some network file systems: no lock for anyone, so no file to leave
+            _remove_own(lock_path, os.fstat(fd))
             os.close(fd)
             return None
         try:
@@ -725,6 +740,7 @@ def _transfer(url: str, parts: _Parts, checksum: str, timeout: float, min_rate: 
             return _Failure(f"it sent more than {max_bytes} bytes (its length says {total}), more than {dest.name} "
                             "holds: not the published file", wrong=True)
         log(f"downloading {url} -> {dest}" + (f" from byte {offset}" if offset else ""))
+        progress.restart()
         out.seek(offset)
         read = getattr(response, "read1", None) or response.read  # read1: what has arrived, so stalls show at once
         received, start = 0, time.monotonic()
