@@ -62,6 +62,7 @@ def test_the_waterfall_adds_one_trick_per_row_and_ends_at_the_recipe(tmp_path, c
     recipe = {k: v for k, v in configs[-1].items()}
     assert recipe["whiten_init"] is True and recipe["lookahead"] is True and recipe["tta_level"] == 2
     assert all(row["bought"] is not None for row in report["waterfall"][1:])
+    assert {r["kind"] for r in report["results"]} == {"waterfall"}
     for bad, fragment in (("nope", "unknown or repeated"), ("lookahead,lookahead", "unknown or repeated"),
                           ("cutout_px", "already off")):
         capsys.readouterr()

@@ -45,6 +45,19 @@ def test_bad_variations_are_one_line_before_any_run(vary, fragment, tmp_path, ca
     assert err.count("\n") == 1 and fragment in err and not out.exists()
 
 
+def test_each_settings_stored_runs_say_that_a_bench_stored_them(tmp_path):
+    """Every setting's training result is of kind "bench" in its JSON (records/db.py KINDS), in the database and the
+    report alike, and its command still names the setting."""
+    out = tmp_path / "b.json"
+    assert main(["bench", *TINY, "--runs", "1", "--vary", "lookahead=false", "--db", str(tmp_path / "r.db"),
+                 "--json", str(out)]) == 0
+    with db.connect(tmp_path / "r.db") as conn:
+        rows = [json.loads(text) for text, in conn.execute("SELECT json FROM results ORDER BY id")]
+    assert [r["kind"] for r in rows] == ["bench", "bench"]
+    assert [r["command"].split("  # setting ")[1] for r in rows] == ["baseline", "lookahead=false"]
+    assert [r["kind"] for r in json.loads(out.read_text())["results"]] == ["bench", "bench"]
+
+
 def test_parse_vary():
     assert bench.parse_vary(["a=1,2", " b = x "]) == [("a", ["1", "2"]), ("b", ["x"])]
 
@@ -73,6 +86,8 @@ def test_an_interrupt_keeps_the_finished_runs_and_a_divergence_is_exit_3(tmp_pat
     first_of_round_1 = report["order"][2]["setting"]  # the fifth call's setting
     assert {s["name"]: s["diverged"] for s in report["settings"]} == {
         s["name"]: int(s["name"] == first_of_round_1) for s in report["settings"]}
+    with db.connect(tmp_path / "r.db") as conn:  # the partial report's settings, stored as a whole one's
+        assert [json.loads(text)["kind"] for text, in conn.execute("SELECT json FROM results")] == ["bench", "bench"]
     def every_other_diverges(*args, **kwargs):
         calls.append(1)
         if len(calls) % 2:

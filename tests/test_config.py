@@ -1,7 +1,8 @@
 import pytest
 
-from speedrun.config import apply_overrides, parse_set_args
+from speedrun.config import ConfigError, apply_overrides, parse_set_args
 from speedrun.recipes.cifar import CifarConfig
+from speedrun.records.settings_file import named_values
 
 
 def test_overrides_are_parsed_by_type():
@@ -38,3 +39,29 @@ def test_set_needs_key_value():
 def test_validate_rejects_impossible_values():
     with pytest.raises(ValueError, match="tta_level"):
         apply_overrides(CifarConfig(), {"tta_level": 5}).validate()
+
+
+@pytest.mark.parametrize("overrides,keys", [
+    ({"batch_size": "big"}, ("batch_size",)),
+    ({"nope": "1"}, ("nope",)),
+    ({"lr_per_1024": "1e-9"}, ("lr_per_1024",)),
+    ({"cpu_threads": "-1"}, ("cpu_threads",)),
+    ({"half_weights": "on", "precision": "fp32"}, ("half_weights", "precision")),
+    ({"tta_level": "5"}, ()),  # a range check names its setting in its text alone
+])
+def test_a_refused_setting_carries_its_keys(overrides, keys):
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(CifarConfig(), overrides).validate()
+    assert info.value.keys == keys
+
+
+def test_a_settings_file_value_is_named_by_the_keys_an_error_carries():
+    """The keys a ConfigError carries, not the words of its text: a list of valid keys names none of the file's;
+    an error that carries none (a range check's) is read by its text as before."""
+    settings = {"batch_size": "big", "eval_batch_size": "64", "compile": "true"}
+    unknown = ConfigError("unknown config key 'nope'; valid keys: batch_size, compile, eval_batch_size", keys="nope")
+    assert named_values(unknown, settings) == ""
+    assert named_values(str(unknown), settings) == "batch_size=big, eval_batch_size=64, compile=true"
+    assert named_values(ConfigError("batch_size=big: expected int", keys="batch_size"), settings) == "batch_size=big"
+    assert named_values(ConfigError("bad config: eval_batch_size must be in [1, 65536]"), settings) == \
+        "eval_batch_size=64"

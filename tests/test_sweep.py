@@ -191,6 +191,18 @@ def test_results_database_and_study_storage_are_separate_files(tmp_path, fake_tr
     db.connect(tmp_path / "r.db").close()  # still speedrun's, of the current version
 
 
+def test_each_trials_stored_runs_say_that_a_sweep_stored_them(tmp_path, fake_training, monkeypatch):
+    """Every trial's training result is of kind "sweep" in its JSON (records/db.py KINDS), and its command still
+    names the trial."""
+    monkeypatch.chdir(tmp_path)
+    assert _sweep(tmp_path, "--space", "label_smoothing=0,0.1", "--sampler", "grid", "--trials", "2",
+                  "--runs", "1") == 0
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        rows = [json.loads(text) for text, in conn.execute("SELECT json FROM results ORDER BY id")]
+    assert [r["kind"] for r in rows] == ["sweep", "sweep"]
+    assert [r["command"].split("  # setting ")[1].split(" of ")[0] for r in rows] == ["trial 0", "trial 1"]
+
+
 def test_pruning_stops_a_trial_below_the_median_and_keeps_its_finished_runs(tmp_path, fake_training, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sweeping, "PRUNE_STARTUP_TRIALS", 2)

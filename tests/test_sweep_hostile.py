@@ -339,6 +339,20 @@ def test_a_sweeps_seeds_are_the_ones_its_libraries_take(tmp_path, capsys, monkey
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("sqlite:////tmp/my study/s.db", "sqlite:////tmp/my study/s.db"),  # a file's name as it was written
+    ("sqlite:///caf\u00e9.db?mode=ro", "sqlite:///caf\u00e9.db?mode=***"),
+    ("postgresql://me:hunter2@db.example:5432/studies?sslkey=/k.pem",
+     "postgresql://me:***@db.example:5432/studies?sslkey=***"),
+    ("postgresql://me:hun/ter2@host/studies", "postgresql://me:***@host/studies"),  # SQLAlchemy's password: hun/ter2
+    ("postgresql://me:hun@ter2@host/studies", "the --storage URL"),  # an unescaped @: no host shows "ter2"
+    ("postgres-ql://me:hunter2@host/studies", "the --storage URL"),  # not a URL SQLAlchemy reads
+    ("nonsense", "nonsense"),  # no "://": nothing to mask
+])
+def test_a_storage_url_is_shown_as_sqlalchemy_reads_it_with_its_secrets_masked(url, shown):
+    assert sweeping.shown_url(url) == shown
+
+
 @pytest.mark.parametrize("argv, said, unsaid", [
     (["--study", "two\nlines"], "--study", None),
     (["--study", "red \x1b[31m"], "--study", None),

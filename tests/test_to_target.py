@@ -223,6 +223,8 @@ def test_an_interrupt_keeps_the_finished_probes_as_a_partial_report(tmp_path, ca
     assert not any(row["search_complete"] for row in report["variants"])
     with db.connect(tmp_path / "r.db") as conn:
         assert [r["kind"] for r in db.query_reports(conn)] == ["to_target"]
+        kinds = {json.loads(text)["kind"] for text, in conn.execute("SELECT json FROM results")}
+    assert kinds == {"to-target"}  # each finished probe's runs, as the search stored them
 
 
 @pytest.mark.parametrize("extra, fragment", [(["--to-target", "--max-probes", "1"], "--max-probes"),

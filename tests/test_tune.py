@@ -83,6 +83,7 @@ def test_tune_measures_applies_and_stores(tmp_path, capsys):
     assert r["benchmark"] == "tune" and {o["setting"] for o in first_round} >= {"current", "channels_last=off"}
     assert all(o["seed"] == 0 for o in first_round) and len(first_round) == len(r["settings"])
     assert all(row["n"] == 2 and row["time"]["ratio_ci95"] for row in r["tune"]["rows"])
+    assert {result["kind"] for result in r["results"]} == {"tune"}
     s = json.loads(settings.read_text())
     assert s["recipe"] == "cifar10-94" and s["device"] == "cpu" and s["measured"]["report"] == str(report)
     assert s["settings"] == {k: ("true" if v is True else "false" if v is False else str(v))

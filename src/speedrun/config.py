@@ -2,7 +2,7 @@
 
 A recipe's config is a dataclass whose field types are plain: bool, int, float, str, a Literal of strings, or a
 tuple of ints. Overrides are parsed against those types; an unknown key or a value of the wrong type raises a
-one-line ValueError that names the key and the fix.
+one-line ConfigError (a ValueError) that names the key and the fix, and carries the key.
 """
 
 from __future__ import annotations
@@ -11,6 +11,16 @@ import dataclasses
 import math
 import typing
 from typing import Any, ClassVar, Literal, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """A config setting refused (an unknown key, a value of the wrong type or out of range), carrying `keys`: the
+    settings it is about, so that a caller that applied them from elsewhere (records/settings_file.py's file) names
+    the values it gave without reading the message; () where the raiser does not know them."""
+
+    def __init__(self, message: str, *, keys: str | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
 
 
 def field_types(cfg_cls: type) -> dict[str, Any]:
@@ -41,14 +51,14 @@ def _describe(tp: Any) -> str:
 
 def parse_value(key: str, text: str, tp: Any) -> Any:
     """Parse the string `text` as a value of type `tp` for field `key`."""
-    bad = ValueError(f"{key}={text}: expected {_describe(tp)}")
+    bad = ConfigError(f"{key}={text}: expected {_describe(tp)}", keys=key)
     if tp is bool:
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{key}={text}: expected a boolean (true/false)")
+        raise ConfigError(f"{key}={text}: expected a boolean (true/false)", keys=key)
     if tp is int:
         try:
             return int(text)
@@ -77,7 +87,7 @@ def parse_value(key: str, text: str, tp: Any) -> Any:
 def _finite(key: str, value: float) -> float:
     # NaN and inf parse as floats but no setting means them: lr_per_1024=nan would train a NaN network.
     if not math.isfinite(value):
-        raise ValueError(f"{key}={value}: expected a finite number")
+        raise ConfigError(f"{key}={value}: expected a finite number", keys=key)
     return value
 
 
@@ -93,20 +103,20 @@ def check_value(key: str, value: Any, tp: Any) -> Any:
     }
     if tp in ok:
         if not ok[tp](value):
-            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+            raise ConfigError(f"{key}={value!r}: expected {_describe(tp)}", keys=key)
         if tp is float:
             try:
                 return _finite(key, float(value))
             except OverflowError:  # float(10**400)
-                raise ValueError(f"{key}={value!r}: expected a finite number") from None
+                raise ConfigError(f"{key}={value!r}: expected a finite number", keys=key) from None
         return value
     if get_origin(tp) is Literal:
         if value not in get_args(tp):
-            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+            raise ConfigError(f"{key}={value!r}: expected {_describe(tp)}", keys=key)
         return value
     if get_origin(tp) is tuple:
         if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) for v in value):
-            raise ValueError(f"{key}={value!r}: expected {_describe(tp)}")
+            raise ConfigError(f"{key}={value!r}: expected {_describe(tp)}", keys=key)
         return tuple(value)
     raise AssertionError(f"config field {key} has an unsupported type {tp}")
 
@@ -125,7 +135,7 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
         if key not in types:
             hint = (f"{key} is not a config key: use {RUN_OPTIONS[key]} (the {key} argument in Python)"
                     if key in RUN_OPTIONS else f"unknown config key {key!r}")
-            raise ValueError(f"{hint}; valid keys: {', '.join(sorted(types))}")
+            raise ConfigError(f"{hint}; valid keys: {', '.join(sorted(types))}", keys=key)
         changes[key] = check_value(key, value, types[key])
     return dataclasses.replace(cfg, **changes)
 
@@ -193,14 +203,15 @@ class SystemConfig:
         """The shared settings' ranges (each family's validate calls it; Literal fields are checked on parsing)."""
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or \
                 not 0 <= self.cpu_threads <= 1024:
-            raise ValueError(f"bad config: cpu_threads={self.cpu_threads!r} must be an integer in [0, 1024] "
-                             "(0: torch's default)")
+            raise ConfigError(f"bad config: cpu_threads={self.cpu_threads!r} must be an integer in [0, 1024] "
+                              "(0: torch's default)", keys="cpu_threads")
         if self.half_weights == "on" and self.precision == "fp32":
-            raise ValueError("bad config: half_weights=on needs a 16-bit precision: add --set precision=fp16 (or "
-                             "bf16), or leave half_weights at auto")
+            raise ConfigError("bad config: half_weights=on needs a 16-bit precision: add --set precision=fp16 (or "
+                              "bf16), or leave half_weights at auto", keys=("half_weights", "precision"))
         every = self.check_finite_every_steps
         if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10**6:
-            raise ValueError(f"bad config: check_finite_every_steps={every!r} must be an integer in [1, 1000000]")
+            raise ConfigError(f"bad config: check_finite_every_steps={every!r} must be an integer in [1, 1000000]",
+                              keys="check_finite_every_steps")
 
 
 # System settings that change how fast a run goes, never what it computes: a resumed run may change them.

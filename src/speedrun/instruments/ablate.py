@@ -28,7 +28,8 @@ from speedrun.run.prepared import RunRequest, make_config
 
 def ablate(request: RunRequest, *, runs: int = 3, **bench_kwargs) -> dict:
     """The bench report of every registered trick switched off, with "tricks" rows sorted by contribution;
-    bench_kwargs: bench()'s seed, log and tensorboard."""
+    bench_kwargs: bench()'s seed, log and tensorboard. Stopped part way: bench's PartialReport, its report given
+    the rows of what finished."""
     rec = get_recipe(request.recipe)
     family = rec.module()
     base = make_config(rec, request.epochs, request.overrides)
@@ -37,8 +38,12 @@ def ablate(request: RunRequest, *, runs: int = 3, **bench_kwargs) -> dict:
     measured, off = split_tricks(family.TRICKS, base, dev, idle)
     already_off = [{"trick": key, "off": value, "what": what, "measured": False, "idle": key in idle}
                    for key, value, what in off]
-    report = benching.bench(request, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
-                            **bench_kwargs)
+    stopped: benching.PartialReport | None = None
+    try:
+        report = benching.bench(request, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
+                                kind="ablate", **bench_kwargs)
+    except benching.PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
+        stopped, report = e, e.report
     report["benchmark"] = "ablate"
     by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
     rows = []
@@ -54,11 +59,14 @@ def ablate(request: RunRequest, *, runs: int = 3, **bench_kwargs) -> dict:
                      "time_ratio_off": None if secs is None else secs["ratio"]})
     rows.sort(key=lambda r: -(r["gain_accuracy"] if r["gain_accuracy"] is not None else float("-inf")))
     report["tricks"] = rows + already_off
+    if stopped is not None:
+        raise stopped
     return report
 
 
 def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
-    """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively."""
+    """A plain start (every trick in `order` off), then the tricks switched on one at a time, cumulatively.
+    Stopped part way: bench's PartialReport, its report given the rows of what finished."""
     recipe = request.recipe
     rec = get_recipe(recipe)
     family = rec.module()
@@ -81,7 +89,11 @@ def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_k
     for key in order:
         off.pop(key)
         steps.append((f"+ {key}", dict(off)))
-    report = benching.bench(request, steps=steps, runs=runs, **bench_kwargs)
+    stopped: benching.PartialReport | None = None
+    try:
+        report = benching.bench(request, steps=steps, runs=runs, kind="waterfall", **bench_kwargs)
+    except benching.PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
+        stopped, report = e, e.report
     report["benchmark"] = "waterfall"
     report["tricks_added"], rows, previous = order, [], None
     for s in report["settings"]:
@@ -97,4 +109,6 @@ def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_k
                      "bought": bought})
         previous = done
     report["waterfall"] = rows
+    if stopped is not None:
+        raise stopped
     return report

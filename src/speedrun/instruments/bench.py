@@ -38,6 +38,17 @@ from speedrun.run import tensorboard as boards
 from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, prepare
 
 
+class PartialReport(BaseException):
+    """What an instrument raises where an interrupt (Ctrl-C, SIGTERM) or an error stopped it after some runs had
+    finished: `report`, the report of those runs (marked incomplete, stopped_by), and `interrupt`, what stopped it,
+    which run_and_store (a sweep: sweep()) raises as it was once the report and its runs are kept. A BaseException,
+    as the KeyboardInterrupt it may carry: no `except Exception` between the two takes it for a failure of its own."""
+
+    def __init__(self, report: dict, interrupt: BaseException):
+        super().__init__(report, interrupt)
+        self.report, self.interrupt = report, interrupt
+
+
 def parse_vary(items: list[str], tuple_keys: frozenset[str] = frozenset()) -> list[tuple[str, list[str]]]:
     """["lookahead=true,false", "tta_level=0"] -> [("lookahead", ["true", "false"]), ("tta_level", ["0"])].
 
@@ -155,14 +166,18 @@ def round_orders(count: int, rounds: int, seed: int) -> list[list[int]]:
 
 def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]] | None = None,
           steps: list[tuple[str, dict[str, Any]]] | None = None, runs: int = 3, seed: int = 0,
-          log: Callable[[str], None] = print_line, tensorboard: str | os.PathLike | None = None) -> dict:
+          log: Callable[[str], None] = print_line, tensorboard: str | os.PathLike | None = None,
+          kind: str = "bench") -> dict:
     """Train the baseline (the request's config) and every --vary setting `runs` times, interleaved; return the
-    report (see module). request: what to prepare, or a run prepared already (its data read once).
+    report (see module), or raise PartialReport with the report of the runs that finished where an interrupt or an
+    error in a later run stopped it. request: what to prepare, or a run prepared already (its data read once).
 
     steps: instead of vary, the settings themselves as (name, overrides), the first being the baseline (the
     waterfall of ablate.py: cumulative configs).
     tensorboard: a folder for TensorBoard event files (run/tensorboard.py): a new <time>-<recipe> folder in it,
-    made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged)."""
+    made before any data is read, with a run <setting>/seed-<n> per timed run (the warm-ups are not logged).
+    kind: the instrument whose settings' results these are (records/db.py KINDS): "bench", or the one that asks
+    bench to measure them (ablate, waterfall, tune)."""
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
     run = request if isinstance(request, PreparedRun) else prepare(request, join=False)
@@ -201,7 +216,7 @@ def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]
                                                       run.dataset))
                     order.append({"round": r, "setting": name, "seed": seed + r})
         except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
-            if not order:                               # make a partial report, marked as such (then e is raised)
+            if not order:                               # make a partial report, marked as such (PartialReport)
                 raise
             interrupt = e
         clean = interrupt is None or getattr(interrupt, "in_step", False)
@@ -214,7 +229,6 @@ def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]
     base_runs = results[base_name]
     report = {"benchmark": "bench", "recipe": rec.name, "dataset": run.dataset, "device": dev.type, "runs": runs,
               "world": world.to_dict(), **stop,
-              "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
               "vary": [[k, v] for k, v in vary or []], "order": order, "environment": env,
               "timed_region": family.timed_region(base),
               "settings": [{"name": name, "overrides": changes, "warmup_seconds": warmups[name],
@@ -223,8 +237,10 @@ def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]
                             "runs": [r.to_dict() for r in results[name]]}
                            for name, changes, _ in settings]}
     report["results"] = [run.result(results[name], cfg, env=env, runs_requested=runs, complete=interrupt is None,
-                                    interrupted=stop["interrupted"], command=f"bench {name}").to_dict()
+                                    interrupted=stop["interrupted"], command=f"bench {name}", kind=kind).to_dict()
                          for name, _, cfg in settings]
+    if interrupt is not None:
+        raise PartialReport(report, interrupt)
     return report
 
 
@@ -233,8 +249,9 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
                   log: Callable[[str], None], strict: bool = False) -> tuple[dict, Path | None, int | None]:
     """What `bench`, `ablate` and `ablate --to-target` share: the database opened and the report file claimed
     first (a bad db_path or an existing json_path fails before any training; no json_path: a new file under
-    results/ named after `kind`, the recipe and the dataset), then `make(log)` trains and returns the report; every
-    setting's result and the report are stored with `command`, and the report written. Returns (report, path,
+    results/ named after `kind`, the recipe and the dataset), then `make(log)` trains and returns the report (or
+    raises PartialReport: its report is kept alike, then what stopped it raised); every setting's result and the
+    report are stored with `command`, and the report written. Returns (report, path,
     stored id). strict: refuse (ValueError) while a debugging switch that slows training is on (records/debug_apis.py);
     else each is a warning, and every result lists them.
 
@@ -267,19 +284,21 @@ def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, r
     try:
         claimed = dist.main_first(world, claim, everyone=False)
         if not world.is_main:
-            report = make(lambda line: None)
-            interrupt = report.pop("_interrupt", None)
-            if interrupt is not None:
-                raise interrupt
-            return report, None, None
+            try:
+                return make(lambda line: None), None, None
+            except PartialReport as stopped:  # rank 0 keeps the finished runs
+                cause = stopped.interrupt
+            raise cause  # past the except clause, which would make the PartialReport its __context__
     except BaseException:
         dist.shutdown(world, False)  # make() left the group already when it got that far (then this does nothing)
         raise
     conn, path = claimed
-    written = False
+    written, interrupt = False, None  # interrupt: what stopped make(), raised once the finished runs are kept
     try:
-        report = make(log)
-        interrupt = report.pop("_interrupt", None)
+        try:
+            report = make(log)
+        except PartialReport as stopped:  # the finished runs are kept as a whole report's are
+            report, interrupt = stopped.report, stopped.interrupt
         report["command"] = command
         with signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)

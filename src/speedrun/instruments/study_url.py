@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from speedrun.paths import user_path
 from speedrun.records import db
@@ -25,21 +24,27 @@ def default_storage(db_path: str | os.PathLike | None) -> str:
 
 
 def shown_url(url: str) -> str:
-    """A storage URL as it may be printed and stored: a password in it, and every value of its query, replaced by
-    *** (a driver takes its password, a key or a token there too: ?password=, ?sslkey=...)."""
+    """A storage URL as it may be printed and stored, as SQLAlchemy reads it (engine.make_url, what Optuna opens): its
+    password masked by SQLAlchemy's own rendering, and every value of its query replaced by *** (a driver takes its
+    password, a key or a token there too: ?password=, ?sslkey=...). A text with no "://" has no password to mask
+    and is shown as given; one SQLAlchemy cannot read as a URL (postgres-ql://me:pw@host) is named, not shown."""
+    if isinstance(url, str) and "://" not in url:
+        return url
     try:
-        parts = urlsplit(url)
-        if parts.password is not None:
-            netloc = parts.netloc.rsplit("@", 1)
-            user = netloc[0].split(":", 1)[0]
-            url = urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-        # the query masked in the text itself: urlunsplit drops the empty authority of sqlite:///FILE
-        base, mark, rest = url.partition("?")
-        query, hash_mark, fragment = rest.partition("#")
-        masked = "&".join(key + ("=***" if sep else "") for key, sep, _ in (p.partition("=") for p in query.split("&")))
-        return base + mark + (masked if query else "") + hash_mark + fragment
-    except ValueError:  # not a URL Python can split: Optuna will refuse it, named without its parts
+        from sqlalchemy.engine import URL, make_url  # Optuna's own dependency, there wherever a sweep gets this far
+
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 -- SQLAlchemy's parse errors, or no SQLAlchemy: Optuna will refuse the URL
         return "the --storage URL"
+    if "@" in (parsed.host or ""):  # an unescaped @ in a password (me:p@ss@host): the host SQLAlchemy reads shows "ss"
+        return "the --storage URL"
+    # The database as read, not percent-encoded as render_as_string writes it (a file's name as the user wrote it);
+    # the query's keys alone, since render_as_string would write the mask itself percent-encoded (%2A%2A%2A).
+    shown = URL.create(parsed.drivername, parsed.username, parsed.password, parsed.host,
+                       parsed.port).render_as_string(hide_password=True)
+    if parsed.database is not None:
+        shown += "/" + parsed.database
+    return shown + ("?" + "&".join(f"{key}=***" for key in parsed.query) if parsed.query else "")
 
 
 def check_storage_url(url: str) -> None:

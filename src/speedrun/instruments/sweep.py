@@ -80,7 +80,7 @@ from typing import Any, Literal, get_args, get_origin
 from speedrun.config import RUN_OPTIONS, check_int, field_types, parse_value
 from speedrun.engine.loop import Diverged, RunResult, signals_held
 from speedrun.errors import counted, note_kept, print_line, printable, warn
-from speedrun.instruments.bench import warm_up
+from speedrun.instruments.bench import PartialReport, warm_up
 from speedrun.instruments.study_url import check_storage_url, default_storage, results_path, shown_url, storage_file
 from speedrun.instruments.variants import set_text
 from speedrun.paths import check_writable, make_folder
@@ -894,8 +894,11 @@ def sweep(spec: SweepSpec, *, on_report: Callable[[dict, Path, int | None], None
                 f"pruning {'on' if prune else 'off'}")
         prepared = _Prepared(run=run, params=params, overrides=overrides, prune=prune, alpha=alpha, dataset=dataset,
                              shown=shown, lock=lock, conn=conn, board=board, log=log)
-        report = _trials(optuna, the_study, spec, prepared)
-        interrupt = report.pop("_interrupt", None)
+        interrupt: BaseException | None = None  # what stopped the trials: raised once what finished is kept
+        try:
+            report = _trials(optuna, the_study, spec, prepared)
+        except PartialReport as stopped:  # the finished trials' report, written and stored as a whole one is
+            report, interrupt = stopped.report, stopped.interrupt
         report["command"] = spec.command
         with signals_held():  # what finished is kept whole, whatever signal comes now
             report = portable(report)
@@ -964,8 +967,8 @@ class _Tally:
 
 
 def _trials(optuna, study, spec: SweepSpec, prep: _Prepared) -> dict:
-    """Run the trials, each after a warm-up of its own configuration; the report (with "_interrupt": what stopped
-    it, if anything).
+    """Run the trials, each after a warm-up of its own configuration; the report, or where something stopped them
+    (Ctrl-C, an error, the storage failing) PartialReport with the report of what finished.
 
     What a trial finished is kept whatever stops it: its runs go into the results database (and the report) first,
     into the study's attributes after, so that a storage that fails (locked past SQLITE_TIMEOUT_S, damaged) costs
@@ -1138,7 +1141,7 @@ def _store_runs(spec: SweepSpec, prep: _Prepared, cfg, done: list[RunResult], st
     """Trial `number`'s finished runs (`done`, of its config `cfg`, its parameters `shown_params` as --set takes
     them) as a training result in the results database: (its id, None where it could not be stored (warned), and
     the result, which the report carries either way)."""
-    result = prep.run.result(done, cfg, runs_requested=spec.runs, complete=len(done) == spec.runs,
+    result = prep.run.result(done, cfg, runs_requested=spec.runs, complete=len(done) == spec.runs, kind="sweep",
                              command=f"{spec.command or 'speedrun sweep'}  # setting trial {number} of {study_name}: "
                                      f"{shown_params}")
     row = portable(result.to_dict())
@@ -1163,7 +1166,8 @@ def _carried(results: list[dict]) -> tuple[list[dict], int]:
 def _report(optuna, study, spec: SweepSpec, prep: _Prepared, tally: _Tally) -> dict:
     """The study as the results database keeps it: every trial of every process so far, the best, importances,
     and this process's trials' training results ("results", which `speedrun results import` stores as rows).
-    Where the storage failed (tally.failed, or now), the trials are this process's own (tally.local)."""
+    Where the storage failed (tally.failed, or now), the trials are this process's own (tally.local). Where
+    something stopped the trials (tally.interrupt) or the storage fails now, raised as PartialReport."""
     direction = OBJECTIVES[spec.objective]
     failed, interrupt = tally.failed, tally.interrupt
     if failed is None:
@@ -1199,8 +1203,9 @@ def _report(optuna, study, spec: SweepSpec, prep: _Prepared, tally: _Tally) -> d
               "trials": everything[-MAX_REPORT_TRIALS:],
               "best": best, "importances": importances, "importances_note": why_not,
               "timed_region": prep.run.family.timed_region(prep.run.cfg), "environment": env,
-              "results": carried, "results_left_out": left_out,
-              "_interrupt": interrupt}
+              "results": carried, "results_left_out": left_out}
+    if interrupt is not None:
+        raise PartialReport(report, interrupt)
     return report
 
 

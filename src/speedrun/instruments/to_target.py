@@ -33,7 +33,7 @@ from typing import Any
 from speedrun import dist
 from speedrun.config import check_int
 from speedrun.errors import print_line
-from speedrun.instruments.bench import measured_run, round_orders, stopped_by, warm_up
+from speedrun.instruments.bench import PartialReport, measured_run, round_orders, stopped_by, warm_up
 from speedrun.instruments.variants import set_text, split_tricks
 from speedrun.records.environment import environment
 from speedrun.run.prepared import MAX_EPOCHS, MAX_RUNS, PreparedRun, RunRequest, prepare
@@ -96,7 +96,8 @@ def search(measure: Callable[[int], tuple[bool, Any]], start: int, floor: int, c
 
 def to_target(request: RunRequest, *, runs: int = 3, max_probes: int = DEFAULT_PROBES, seed: int = 0,
               log: Callable[[str], None] = print_line) -> dict:
-    """Search the epochs each ablate variant needs to reach its target; return the report (see module)."""
+    """Search the epochs each ablate variant needs to reach its target; return the report (see module), or raise
+    PartialReport with the report of the finished runs where an interrupt or an error stopped the search."""
     runs = check_int("runs", "--runs", runs, 1, MAX_RUNS)
     seed = check_int("seed", "--seed", seed, 0, 2**62)
     max_probes = check_int("max_probes", "--max-probes", max_probes, MIN_PROBES, MAX_PROBES)
@@ -108,19 +109,22 @@ def to_target(request: RunRequest, *, runs: int = 3, max_probes: int = DEFAULT_P
     run.join()  # under torchrun every probe run is one run of all K processes
     clean = False
     try:
-        report = _search(run, variants, configs, runs, seed, max_probes, log)
-        clean = report["_interrupt"] is None or getattr(report["_interrupt"], "in_step", False)
+        report, interrupt = _search(run, variants, configs, runs, seed, max_probes, log)
+        clean = interrupt is None or getattr(interrupt, "in_step", False)
     finally:
         dist.shutdown(run.world, clean)  # the peers wait for each other only if they all got here alike
     report.update({"already_off": [{"trick": key, "off": off, "what": what} for key, off, what in already_off],
                    "target_accuracy": base.target_accuracy, "timed_region": family.timed_region(base)})
+    if interrupt is not None:
+        raise PartialReport(report, interrupt)
     return report
 
 
 def _search(run: PreparedRun, variants: list[tuple[str, dict]], configs: dict[str, Any], runs: int, seed: int,
-            max_probes: int, log: Callable[[str], None]) -> dict:
-    """to_target's measuring, by every process of the run's world: data, checks, warm-ups, the lockstep rounds,
-    the report (without the already-off tricks, the target and the timed region, which to_target adds)."""
+            max_probes: int, log: Callable[[str], None]) -> tuple[dict, BaseException | None]:
+    """to_target's measuring, by every process of the run's world: data, checks, warm-ups, the lockstep rounds;
+    (the report (without the already-off tricks, the target and the timed region, which to_target adds), what
+    stopped the rounds part way or None)."""
     family, dev, world = run.family, run.device, run.world
     data = run.load(log)
     for i, cfg in enumerate(configs.values()):
@@ -149,7 +153,7 @@ def _search(run: PreparedRun, variants: list[tuple[str, dict]], configs: dict[st
         log(f"warm-up (untimed): {name}")
         warmups[name] = warm_up(family, configs[name], data, dev, world, name, log)
     order: list[dict] = []
-    interrupt = None
+    interrupt: BaseException | None = None
     orders = random.Random(seed)  # each round's own seed for round_orders, drawn in turn: reruns repeat the order
     try:
         for rnd in range(max_probes):
@@ -175,7 +179,7 @@ def _search(run: PreparedRun, variants: list[tuple[str, dict]], configs: dict[st
                 except StopIteration:
                     s["next"] = None
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM, an error in a later run: the finished runs
-        if not order:                               # make a partial report, marked as such (then e is raised)
+        if not order:                               # make a partial report, marked as such (PartialReport)
             raise
         interrupt = e
     env, stop = environment(dev), stopped_by(interrupt)
@@ -187,15 +191,14 @@ def _search(run: PreparedRun, variants: list[tuple[str, dict]], configs: dict[st
             cfg, complete = p["cfg"], len(p["runs"]) == runs
             results.append(run.result(
                 p["runs"], cfg, env=env, runs_requested=runs, complete=complete, interrupted=stop["interrupted"],
-                command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)").to_dict())
+                command=f"bench {name}, {cfg.epochs:.6g} epochs ({p['steps']} steps)", kind="to-target").to_dict())
             probes.append(_probe_row(p, cfg.target_accuracy if complete else None, len(results) - 1))
         rows.append(_variant_row(name, changes, s, probes, warmups[name], n_train, configs[name]))
     return {"benchmark": "to_target", "recipe": run.recipe.name, "dataset": run.dataset, "device": dev.type,
             "runs": runs,
             "world": world.to_dict(), "seed": seed, "max_probes": max_probes,
             **stop,
-            "_interrupt": interrupt,  # taken out by run_and_store, which re-raises it once the runs are kept
-            "order": order, "variants": rows, "environment": env, "results": results}
+            "order": order, "variants": rows, "environment": env, "results": results}, interrupt
 
 
 def _reached(runs: list, target: float) -> bool:

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from speedrun.config import check_int
+from speedrun.config import ConfigError, check_int
 from speedrun.engine.loop import Diverged
 from speedrun.engine.system import resolve_system
 from speedrun.errors import counted, print_line
-from speedrun.instruments.bench import bench
+from speedrun.instruments.bench import PartialReport, bench
 from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, prepare
 from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
 
@@ -129,7 +129,9 @@ def _smoke_each(run: PreparedRun, make_cfg: Callable[[str], Any], names: list[st
         except Diverged:
             pass  # a few steps on little data may diverge; the timed runs say what the setting does
         except (RuntimeError, ValueError, NotImplementedError, TypeError, OSError) as e:
-            failed[name] = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+            # a setting the config refuses is named as the ValueError it is: ConfigError's name would add nothing
+            kind = "ValueError" if isinstance(e, ConfigError) else type(e).__name__
+            failed[name] = f"{kind}: {' '.join(str(e).split())[:160]}"
             log(f"{name}: cannot run here ({failed[name]})")
     return failed
 
@@ -158,7 +160,8 @@ def _verdict(setting: dict, changes_numbers: bool) -> tuple[bool, str]:
 def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] | None = None,
          log: Callable[[str], None] = print_line) -> dict:
     """Measure every applicable setting against the current configuration (see the module); the report has a
-    bench report's fields plus "tune": the rows ranked by measured gain and the recommended settings."""
+    bench report's fields plus "tune": the rows ranked by measured gain and the recommended settings. Stopped part
+    way: bench's PartialReport, its report given the rows of what finished."""
     check_int("runs", "--runs", runs, 1, MAX_RUNS)  # before the smoke runs, not after
     check_int("seed", "--seed", seed, 0, 2**62)
     run = prepare(request, join=False)  # one process: the CLI refuses tune under torchrun
@@ -179,7 +182,11 @@ def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] |
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
     if len(steps) == 1:
         raise ValueError("no setting to try runs here: " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
-    report = bench(run, steps=steps, runs=runs, seed=seed, log=log)
+    stopped: PartialReport | None = None
+    try:
+        report = bench(run, steps=steps, runs=runs, seed=seed, log=log, kind="tune")
+    except PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
+        stopped, report = e, e.report
     report["benchmark"] = "tune"
     rows = []
     current = resolve_system(cfg, dev)
@@ -205,4 +212,6 @@ def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] |
                                   "compile": cfg.compile, "batch_size": cfg.batch_size,
                                   "optimizer_kernel": cfg.optimizer_kernel,
                                   "cpu_threads": cfg.cpu_threads or default_cpu_threads()}}
+    if stopped is not None:
+        raise stopped
     return report

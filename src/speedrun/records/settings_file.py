@@ -23,6 +23,7 @@ import os
 import re
 from pathlib import Path
 
+from speedrun.config import ConfigError
 from speedrun.errors import warn
 from speedrun.records.result_file import read_bounded, unencodable, write_json
 
@@ -198,11 +199,16 @@ def leave_out(source: str) -> str:
     return "unset SPEEDRUN_SETTINGS" if source == ENVIRONMENT else "leave out --settings"
 
 
-def named_values(message: str, settings: dict[str, str]) -> str:
-    """The keys of `settings` that `message` names as whole words ("batch_size" is not named by "eval_batch_size"),
-    each as key=value, comma-separated; empty where it names none."""
-    named = [k for k in settings if re.search(rf"(?<![\w.]){re.escape(k)}(?!\w)", message)]
-    return ", ".join(f"{k}={settings[k]}" for k in named)
+def named_values(error: BaseException | str, settings: dict[str, str]) -> str:
+    """The keys of `settings` that `error` is about, each as key=value, comma-separated; empty where it is about
+    none. A config.ConfigError carries them; for a refusal that carries none (a range check's text, an error from
+    outside config, a message alone), they are the keys its text names as whole words ("batch_size" is not named by
+    "eval_batch_size")."""
+    keys = error.keys if isinstance(error, ConfigError) else ()
+    if not keys:
+        text = str(error)
+        keys = tuple(k for k in settings if re.search(rf"(?<![\w.]){re.escape(k)}(?!\w)", text))
+    return ", ".join(f"{k}={settings[k]}" for k in settings if k in keys)
 
 
 def overrides_from(path: str | os.PathLike, recipe: str, device: str, device_name: str | None = None,

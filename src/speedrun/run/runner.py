@@ -73,7 +73,7 @@ def _tuned(settings, recipe: Recipe, device: str) -> tuple[dict[str, str], dict 
     try:
         apply_overrides(base, tuned).validate()
     except ValueError as e:  # a value of the file refused: which, and what to do
-        values = settings_file.named_values(str(e), tuned)
+        values = settings_file.named_values(e, tuned)
         raise ValueError(f"{where}: {e}" + (f" (the file sets {values})" if values else "")
                          + f"; edit the file, or {fix}") from None
     return tuned, used
@@ -86,7 +86,7 @@ def _naming_settings(used: dict | None, applied: dict[str, str]) -> Iterator[Non
     try:
         yield
     except ValueError as e:
-        values = settings_file.named_values(str(e), applied) if used is not None else ""
+        values = settings_file.named_values(e, applied) if used is not None else ""
         if not values:
             raise
         assert used is not None  # values come only from a settings file

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from speedrun.config import ConfigError
 from speedrun.data.loader import Augmentation
 from speedrun.models.custom import check_name
 from speedrun.recipes.in_memory.config import MAX_EPOCHS, InMemoryConfig, refuse
@@ -97,16 +98,18 @@ class CifarConfig(InMemoryConfig):
             value = getattr(self, key)
             if not (MIN_LR_SETTING <= value <= MAX_FLOAT_SETTING or key == "muon_lr" and value == 0):
                 zero = " or 0" if key == "muon_lr" else ""
-                raise ValueError(f"bad config: {key}={value:g} must be in [{MIN_LR_SETTING:g}, "
-                                 f"{MAX_FLOAT_SETTING:g}]{zero}: the optimizers' lrs (and weight decay over lr) are "
-                                 "derived from it in float32")
+                raise ConfigError(f"bad config: {key}={value:g} must be in [{MIN_LR_SETTING:g}, "
+                                  f"{MAX_FLOAT_SETTING:g}]{zero}: the optimizers' lrs (and weight decay over lr) are "
+                                  "derived from it in float32", keys=key)
         refuse(self.checks())
         # momentum near 1 scales decoupled_sgd's lrs down by 1 / (1 - momentum): each checked as torch holds it
         for key, value in self.optimizer_values().items():
             if not (math.isfinite(value) and (value == 0 or FLOAT32_TINY <= abs(value) <= FLOAT32_MAX)):
-                raise ValueError(f"bad config: the optimizer's {key} would be {value:g}, which float32 cannot hold; "
-                                 f"keep lr_per_1024, bias_lr_mult and the muon_*_lr in [{MIN_LR_SETTING:g}, "
-                                 f"{MAX_FLOAT_SETTING:g}] and momentum below 1")
+                raise ConfigError(f"bad config: the optimizer's {key} would be {value:g}, which float32 cannot hold; "
+                                  f"keep lr_per_1024, bias_lr_mult and the muon_*_lr in [{MIN_LR_SETTING:g}, "
+                                  f"{MAX_FLOAT_SETTING:g}] and momentum below 1",
+                                  keys=("lr_per_1024", "bias_lr_mult", "muon_lr", "muon_bias_lr", "muon_head_lr",
+                                        "momentum"))
 
     def checks(self) -> list[tuple[bool, str]]:
         return super().checks() + [

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+from speedrun.config import SYSTEM_MAY_DIFFER, ConfigError, SystemConfig
 
 MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy", "workers"}
 MAX_BATCH = 1 << 17
@@ -73,7 +73,7 @@ class ImagenetConfig(SystemConfig):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= 1e4):
-                raise ValueError(f"bad config: {f.name}={value} must be a finite number in [-1e4, 1e4]")
+                raise ConfigError(f"bad config: {f.name}={value} must be a finite number in [-1e4, 1e4]", keys=f.name)
         checks = [
             (self.depth in (18, 34, 50, 101, 152), "depth must be 18, 34, 50, 101 or 152"),
             (1 <= self.width <= 1024, "width must be in [1, 1024]"),
@@ -100,7 +100,7 @@ class ImagenetConfig(SystemConfig):
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"bad config: {message}")
+                raise ConfigError(f"bad config: {message}")  # a check names its settings in its text alone
 
 
 # FFCV's published results (libffcv/ffcv-imagenet), theirs, beside each budget: (top-1, minutes, hardware).

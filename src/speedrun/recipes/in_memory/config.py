@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
-from speedrun.config import SYSTEM_MAY_DIFFER, SystemConfig
+from speedrun.config import SYSTEM_MAY_DIFFER, ConfigError, SystemConfig
 from speedrun.data.loader import Augmentation
 from speedrun.models.custom import check_name
 
@@ -79,9 +79,9 @@ class InMemoryConfig(SystemConfig):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"bad config: {f.name}={value} must be a finite number")
+                raise ConfigError(f"bad config: {f.name}={value} must be a finite number", keys=f.name)
             if isinstance(value, float) and abs(value) > bound:
-                raise ValueError(f"bad config: {f.name}={value:g} is outside [-{bound:g}, {bound:g}]")
+                raise ConfigError(f"bad config: {f.name}={value:g} is outside [-{bound:g}, {bound:g}]", keys=f.name)
 
     def checks(self) -> list[tuple[bool, str]]:
         """(holds, what the setting must be) for the shared settings' ranges; a family adds its own."""
@@ -118,7 +118,7 @@ def refuse(checks: list[tuple[bool, str]]) -> None:
     """Raise the first failed check as one line: `bad config: <what the setting must be>`."""
     for ok, message in checks:
         if not ok:
-            raise ValueError(f"bad config: {message}")
+            raise ConfigError(f"bad config: {message}")  # a check names its settings in its text alone
 
 
 def final_evaluation(cfg: InMemoryConfig) -> str:
