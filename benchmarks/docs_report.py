@@ -2,10 +2,12 @@
 
     python benchmarks/docs_report.py            # docs/report.html, docs/report.png, README.md, BENCHMARKS.md
 
-A fresh database is filled with every JSON under benchmarks/results/ (`speedrun results import`), then
-`speedrun report` writes docs/report.html and rewrites README.md's records table (each row with the records rule's
-p) and BENCHMARKS.md's ablation section; headless Chromium (Debian's chromium, driven by playwright) takes
-docs/report.png, the whole page.
+A fresh database is filled with every JSON under benchmarks/results/ (`speedrun results import`: the training
+results, the instruments' reports and benchmarks/vs_airbench.py's races), then `speedrun report` writes
+docs/report.html and rewrites README.md's generated section (the races side by side with airbench94, then the
+records) and BENCHMARKS.md's ablation section; headless Chromium (Debian's chromium, driven by playwright) takes
+docs/report.png, the page's first screen as a reader opens it (1280 × 900 pixels): a picture of the whole page
+would be a strip too tall to read.
 """
 
 from __future__ import annotations
@@ -24,23 +26,25 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def screenshot(html: Path, png: Path, chromium: str, width_px: int = 1280) -> dict:
-    """The whole page as a PNG; returns what the browser saw: each chart's kind, load state and sizes, the
-    leaderboard rows shown, and every URL the page requested."""
+def screenshot(html: Path, png: Path, chromium: str, width_px: int = 1280, height_px: int = 900,
+               full_page: bool = False) -> dict:
+    """The page's first screen (a `width_px` × `height_px` window; full_page: the whole page) as a PNG; returns
+    what the browser saw: each chart's kind, load state and sizes, the leaderboard rows shown, and every URL the
+    page requested."""
     from playwright.sync_api import sync_playwright
 
     seen: dict = {"requests": []}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": width_px, "height": 900})
+            page = browser.new_page(viewport={"width": width_px, "height": height_px})
             page.on("request", lambda r: seen["requests"].append(r.url))
             page.goto(html.resolve().as_uri())
             seen["charts"] = page.evaluate(
                 "Array.from(document.images).map(i => ({kind: i.dataset.chart, done: i.complete, "
                 "w: i.naturalWidth, h: i.naturalHeight, shown: i.getBoundingClientRect().width}))")
             seen["leaderboard_rows"] = page.locator("#leaderboard ~ table").first.locator("tbody tr").count()
-            page.screenshot(path=str(png), full_page=True)
+            page.screenshot(path=str(png), full_page=full_page)
         finally:
             browser.close()
     return seen

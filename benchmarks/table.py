@@ -8,7 +8,9 @@ Each kind of result has its own table: `speedrun train --json` results go betwee
 field) between `<!-- vs_airbench:begin -->` ... and `<!-- step_time:begin -->` ... markers, rendered by those
 scripts' own markdown(); `speedrun bench-loader --json` reports between `<!-- bench_loader:begin -->` ...,
 rendered by speedrun.instruments.bench_loader.markdown(). --write replaces the marked sections of the kinds
-given, so the numbers in BENCHMARKS.md are generated from stored results, never typed by hand.
+given, so the numbers in BENCHMARKS.md are generated from stored results, never typed by hand. A stored command's
+absolute paths (the files of the machine it ran on) are shown portably: relative to this repository when they lie
+in it, else as "…/" and their last component (speedrun.report.portable).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from speedrun.report.markdown import markers, rewrite_marked  # noqa: F401 (markers: the convention, used by the tests)
 from speedrun.errors import counted
 from speedrun.records.environment import device_label
 from speedrun.records.result_file import load_result
 from speedrun.records.stats import mean_std_text
+from speedrun.report.markdown import markers, rewrite_marked
+from speedrun.report.portable import portable_paths
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+REPO = Path(__file__).resolve().parents[1]
 TRAIN = "results"  # the kind of `speedrun train` results, which carry no "benchmark" field
+BEGIN, END = markers(TRAIN)  # "<!-- results:begin -->", "<!-- results:end -->": the convention of every section
 # scripts beside this one, each with markdown(report) -> str
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta",
               "launch_counts")
@@ -79,11 +83,13 @@ def tables(paths: list[Path]) -> dict[str, str]:
     for kind, results in by_kind.items():
         results.sort(key=lambda r: (r.get("environment") or {}).get("timestamp_utc", ""))  # none: first
         if kind == TRAIN:
-            out[kind] = "\n".join([HEADER, *(row(r) for r in results)])
+            text = "\n".join([HEADER, *(row(r) for r in results)])
         else:
             render = (importlib.import_module(COMMAND_REPORTS[kind]) if kind in COMMAND_REPORTS
                       else _sibling(kind)).markdown
-            out[kind] = "\n\n".join(render(r) for r in results)
+            text = "\n\n".join(render(r) for r in results)
+        # each renderer shows commands as stored; their paths are made portable here, once for every kind
+        out[kind] = portable_paths(text, REPO)
     return out
 
 

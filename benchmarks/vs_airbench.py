@@ -42,6 +42,9 @@ A reduced schedule, to race on the CPU in minutes (both at the same number of st
   step count, its whole schedule compressed to it (the family's with_epochs). airbench keeps its own fixed
   whiten_bias_epochs=3, as its epochs argument leaves it. Our side runs at the recipe's defaults (`auto`
   precision: bf16 autocast on a CPU with native bf16 instructions); airbench's fp16 casts are fp32 on the CPU.
+Any of these with --db PATH also stores the report in that results database (as `speedrun results import` would
+the JSON file), where `speedrun report` shows each finished race side by side; a database that refuses it is a
+warning, and the JSON file holds the report all the same.
 Plumbing check on CPU (ours only, tiny synthetic data; airbench is not imported):
   python benchmarks/vs_airbench.py --dry-run-cpu --data synthetic:train=256,test=64 --runs 2 \
       --set batch_size=64 --set widths=8,16,16 --set epochs=0.25 --out /tmp/vs_airbench.json
@@ -76,11 +79,11 @@ from speedrun.data.dataset import Dataset
 from speedrun.data.sources import load_dataset
 from speedrun.engine.system import resolve_system
 from speedrun.errors import counted
+from speedrun.records import db
 from speedrun.records.environment import device_label, environment
-from speedrun.records.result_file import default_result_path, write_json
-from speedrun.records.stats import mean_std_text
+from speedrun.records.result_file import default_result_path, portable, write_json
+from speedrun.records.stats import diff_ci95, mean_std_text, ratio_ci95, summarize, welch_t_test
 from speedrun.run.runner import get_recipe, make_config
-from speedrun.records.stats import diff_ci95, ratio_ci95, summarize, welch_t_test
 
 AIRBENCH = "airbench94 0.1.8 (airbench.lib_airbench94.train94, defaults)"
 TIMED_REGION = ("whitening init + training + final TTA evaluation, CUDA events, synchronized; excludes data "
@@ -323,7 +326,25 @@ def import_train94(on_cpu: bool):
     return train94
 
 
+def store(report: dict, db_path: str, out_path: Path) -> int | None:
+    """`report` stored in the results database at `db_path`: its id there. A database that refuses it (damaged,
+    full, locked, read-only) is a warning, not an error: the JSON file at `out_path` holds the report all the same."""
+    try:
+        with contextlib.closing(db.connect(db_path)) as conn:
+            stored = db.insert_result(conn, portable(report), source=str(out_path))
+    except ValueError as e:  # db.UnusableDatabase; or a report the database refuses
+        later = (f"; `speedrun results import {shlex.quote(str(out_path))}` adds it later"
+                 if isinstance(e, db.UnusableDatabase) else "")
+        log(f"vs_airbench.py: warning: the report was not stored in the results database ({e}); it is in "
+            f"{out_path}{later}")
+        return None
+    log(f"stored in the results database {db_path} as report #{stored}")
+    return stored
+
+
 def run(args: argparse.Namespace, command: str) -> dict:
+    if args.db is not None:  # before any work: a database path that can never be written is refused now
+        db.check_writable(args.db)
     rec = get_recipe(args.ours_recipe)
     overrides = parse_set_args(args.set)
     cfg = make_config(rec, None, overrides)
@@ -396,6 +417,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
             log(f"{msg}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s")
             save(i + 1)
     log(f"result: {out_path}")
+    if args.db is not None:
+        store(report, args.db, out_path)
     return report
 
 
@@ -406,6 +429,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="speedrun's cache dir for --data (default $SPEEDRUN_DATA or ~/.cache/speedrun)")
     p.add_argument("--runs", type=int, default=25, help="runs of each system (default 25)")
     p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
+    p.add_argument("--db", metavar="PATH", help="also store the report in this results database, where `speedrun "
+                   "report` shows the race (default: the JSON file only)")
     p.add_argument("--ours-recipe", default="cifar10-94", help="our recipe (default cifar10-94)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our config; repeatable")
     p.add_argument("--epochs", type=float, default=None, metavar="E",

@@ -18,6 +18,7 @@ from speedrun.instruments.bench_loader import PlainImages, find_split, int_list,
 from speedrun.cli.program import main
 from speedrun.data.shards import write_split
 from speedrun.records.result_file import load_result
+from speedrun.report.portable import portable_paths
 
 CLASSES = ("n001", "n002", "n003")
 
@@ -84,8 +85,10 @@ def test_both_pipelines_one_row_each_interleaved_counted_and_the_json_reads_back
     la = report["load_average"]
     assert len(la["before"]) == len(la["after"]) == 3
     # BENCHMARKS.md's table: one row per (workers, px), from the file as stored.
-    table = load_benchmark("table").tables([out])["bench_loader"]
-    assert table == markdown(report)
+    table_py = load_benchmark("table")
+    table = table_py.tables([out])["bench_loader"]
+    assert table == portable_paths(markdown(report), table_py.REPO)  # the machine's paths shown portably
+    assert str(tmp_path) not in table
     body = [line for line in table.splitlines() if line.startswith("| 20")]
     assert [tuple(line.split(" | ")[2:4]) for line in body] == [("0", "16"), ("0", "24"), ("1", "16"), ("1", "24")]
 

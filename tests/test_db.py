@@ -115,7 +115,7 @@ def test_a_version_1_database_migrates_with_its_rows_backfilled(tmp_path):
     raw.close()
 
     conn = db.connect(tmp_path / "v1.db")
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == db.VERSION == 3
     [migrated] = db.query(conn)
     assert migrated["id"] == 1 and db.get_result(conn, 1) == old
     fresh = db.connect(tmp_path / "v2.db")

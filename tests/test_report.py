@@ -27,6 +27,7 @@ def make_result(i: int, accuracy: float, seconds: float, **changes) -> dict:
     result.update(mean_accuracy=accuracy, std_accuracy=0.0, train_seconds={"mean": seconds, "std": 0.0})
     for run in result["runs"]:
         run.update(accuracy=accuracy, train_seconds=seconds)
+    result["target"] = result["config"]["target_accuracy"]  # on the recipe's own data set (db.identity)
     result.update(changes)
     return result
 
@@ -67,7 +68,7 @@ def filled_db(tmp_path_factory):
 def test_the_leaderboard_ranks_reached_results_by_time_then_the_rest_by_accuracy(filled_db):
     conn = db.connect(filled_db)
     boards = report.leaderboards(conn)
-    (board,) = [b for b in boards if b["target"] == 0.94 and b["dataset"] == "../shared/datasets/cifar10-jpeg"
+    (board,) = [b for b in boards if b["target"] == 0.94 and b["dataset"] == "cifar10-jpeg"
                 and b["family"] == "cifar"]
     ranked = [(r["accuracy"], r["seconds"]) for r in board["rows"]]
     # reached (>= 94%) fastest first, then the others most accurate first; smoke test and bench setting left out
@@ -132,7 +133,7 @@ def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_
     pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
     out, shot = tmp_path / "report.html", tmp_path / "report.png"
     assert main(["report", "--db", str(filled_db), "--out", str(out)]) == 0
-    seen = docs_report.screenshot(out, shot, _chromium())
+    seen = docs_report.screenshot(out, shot, _chromium(), full_page=True)
     charts = seen["charts"]
     assert {c["kind"] for c in charts} >= {"accuracy-vs-time", "learning-curves", "ablation", "waterfall", "to-target",
                                            "settings"}
@@ -142,6 +143,8 @@ def test_headless_chromium_shows_the_leaderboard_and_every_chart(filled_db, tmp_
     width, height = _png_size(shot.read_bytes())
     # the whole page: every chart, at its shown size, fits in the screenshot's height
     assert width == 1280 and height > sum(c["h"] * c["shown"] / c["w"] for c in charts)
+    docs_report.screenshot(out, shot, _chromium())  # docs/report.png's: the first screen only
+    assert _png_size(shot.read_bytes()) == (1280, 900)
 
 
 def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_db, tmp_path, capsys):
@@ -171,7 +174,8 @@ def test_the_markdown_sections_are_rewritten_between_their_markers_only(filled_d
 def test_a_stored_name_does_not_become_a_link_or_end_its_cell(tmp_path):
     path, readme = tmp_path / "r.db", tmp_path / "README.md"
     with db.connect(path) as conn:
-        db.insert_result(conn, make_result(1, 0.95, 2.0, dataset="[click](https://example.com)\\| x"))
+        # runs at 0.95, no spread: a record, so its row (and the name) is on the front page
+        db.insert_result(conn, make_result(1, 0.95, 2.0, data={"name": "[click](https://example.com)\\| x"}))
     readme.write_text("<!-- records:begin -->\n<!-- records:end -->\n")
     assert main(["report", "--db", str(path), "--readme", str(readme)]) == 0
     row = next(line for line in readme.read_text().splitlines() if "click" in line)

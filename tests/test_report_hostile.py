@@ -159,7 +159,7 @@ def test_markdown_files_keep_their_link_mode_and_refuse_what_is_not_theirs(base,
     link = tmp_path / "README.md"
     link.symlink_to(real)
     assert main(["report", "--db", str(base), "--readme", str(link)]) == 0
-    assert link.is_symlink() and "| dataset |" in real.read_text()
+    assert link.is_symlink() and "No record is claimed yet" in real.read_text()  # none of base_db's reaches
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
     real.chmod(0o444)
     before = real.read_text()
@@ -180,7 +180,9 @@ def test_markdown_files_keep_their_link_mode_and_refuse_what_is_not_theirs(base,
 
 def test_stored_text_never_becomes_markup_or_a_marker(base, tmp_path):
     evil = "x <!-- records:end --> <img src=x onerror=alert(1)> <script>"
-    path = tampered(base, tmp_path, f"UPDATE results SET recipe = '{evil}', command = 'a <!-- records:begin --> b'")
+    # each result made to reach its target too: the README's records show only those
+    path = tampered(base, tmp_path, f"UPDATE results SET recipe = '{evil}', command = 'a <!-- records:begin --> b', "
+                    "mean_accuracy = 0.99")
     readme = tmp_path / "README.md"
     readme.write_text("top\n<!-- records:begin -->\n<!-- records:end -->\nend\n")
     for _ in range(2):  # the second run finds its markers again

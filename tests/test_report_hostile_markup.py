@@ -67,7 +67,8 @@ def hostile_db(tmp_path_factory):
     path = tmp_path_factory.mktemp("markup") / "r.db"
     with db.connect(path) as conn:
         for i, name in enumerate(NAMES):
-            result = make_result(i, 0.9, 1.0 + i, dataset=name, recipe=name, command=f"speedrun train {name}")
+            # 0.99 on every run: each reaches its 94% target, so the README's records table shows it
+            result = make_result(i, 0.99, 1.0 + i, dataset=name, recipe=name, command=f"speedrun train {name}")
             result["environment"]["device_name"] = name
             db.insert_result(conn, result)
         tricks = [{**ABLATE["tricks"][0], "trick": name, "off": name, "what": name} for name in NAMES]
@@ -100,12 +101,12 @@ def test_the_readme_table_shows_every_stored_name_as_text_in_its_own_cell(hostil
     page = render(section)
     assert page.tags <= {"table", "thead", "tbody", "tr", "th", "td", "code", "p"}, page.tags
     header, *rows = page.rows
-    # 11 columns, the records rule's p among them
-    assert len(rows) == len(NAMES) and all(len(row) == len(header) == 11 for row in rows)
-    shown = {row[0]: row for row in rows}
+    # 10 columns, the records rule's p among them
+    assert len(rows) == len(NAMES) and all(len(row) == len(header) == 10 for row in rows)
+    shown = {row[2]: row for row in rows}  # by recipe: the dataset's cell is its name, not the path stored
     for name in NAMES:
-        dataset, _, recipe, device, *_, command = shown[clip_text(name, 80)]
-        assert (recipe, device) == (clip_text(name, 40), clip_text(name, 40))
+        _, _, recipe, device, *_, command = shown[clip_text(name, 40)]
+        assert device == clip_text(name, 40)
         assert command == clip_text(f"speedrun train {name}", 300).replace("<!--", "<!- -").replace("-->", "- ->")
     _no_bare_links(section)
     assert "\x1b" not in section and "\x07" not in section

@@ -11,6 +11,8 @@ import torch
 
 from speedrun.data import sources
 from speedrun.recipes import get_recipe
+from speedrun.records import db
+from speedrun.report import races
 
 from conftest import load_benchmark, make_tiny
 
@@ -323,3 +325,58 @@ def test_reduced_schedule_gives_both_systems_the_same_steps(tmp_path, monkeypatc
 def test_reduced_schedule_refuses_zero_steps(capsys):
     rc = vs.main(["--on-cpu", "--epochs", "0.5", "--data", "synthetic:train=256,test=64", "--runs", "1"])
     assert rc == 2 and "no step of airbench94" in capsys.readouterr().err
+
+
+# ---- --db: a race is stored in the results database, where `speedrun report` shows it ---------------------------
+
+
+def test_db_stores_the_race_as_the_json_file_holds_it(tmp_path, monkeypatch, capsys):
+    out, database = tmp_path / "vs.json", tmp_path / "r.db"
+    rc, _ = _fake_airbench(tmp_path, monkeypatch, ["--on-cpu", "--data", "synthetic:train=256,test=64", "--out",
+                                                   str(out), "--db", str(database)] + TINY_ARGS[1:])
+    assert rc == 0 and "stored in the results database" in capsys.readouterr().err
+    conn = db.connect(database)
+    try:
+        (stored,) = db.query_reports(conn, "vs_airbench")
+        assert db.get_result(conn, stored["id"]) == json.loads(out.read_text())  # the file, whole
+        (row,) = races.race_rows(conn)  # a finished race: the pages show it
+        assert row["n_ours"] == row["n_anchor"] == 2 and row["device"].endswith("(CPU)")
+        (imported,) = db.import_files(conn, [out])  # importing the file later finds it stored
+        assert imported.id == stored["id"] and not imported.new
+    finally:
+        conn.close()
+
+
+def test_db_keeps_a_dry_run_that_the_pages_leave_out(tmp_path):
+    database = tmp_path / "r.db"
+    args = ["--data", "synthetic:train=256,test=64", "--out", str(tmp_path / "vs.json"), "--db", str(database)]
+    assert vs.main(args + TINY_ARGS) == 0
+    conn = db.connect(database)
+    try:
+        left_out: list[str] = []
+        assert len(db.query_reports(conn, "vs_airbench")) == 1 and races.race_rows(conn, left_out) == []
+        assert len(left_out) == 1 and "dry run" in left_out[0]
+    finally:
+        conn.close()
+
+
+def test_db_that_cannot_be_used_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "folder.db").mkdir()
+    out = tmp_path / "vs.json"
+    args = ["--data", "synthetic:train=256,test=64", "--out", str(out), "--db", str(tmp_path / "folder.db")]
+    assert vs.main(args + TINY_ARGS) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vs_airbench.py: error:") and "is a directory" in err[-1] and not out.exists()
+
+
+def test_db_that_refuses_the_report_is_a_warning_and_the_file_is_kept(tmp_path, monkeypatch, capsys):
+    def refuse(conn, result, source=None):
+        raise db.UnusableDatabase("the results database r.db is locked by another process; try again later")
+
+    monkeypatch.setattr(db, "insert_result", refuse)
+    out = tmp_path / "vs.json"
+    args = ["--data", "synthetic:train=256,test=64", "--out", str(out), "--db", str(tmp_path / "r.db")]
+    assert vs.main(args + TINY_ARGS) == 0
+    err = capsys.readouterr().err
+    assert "warning: the report was not stored in the results database (the results database r.db is locked" in err
+    assert f"speedrun results import {out}` adds it later" in err and json.loads(out.read_text())["complete"]

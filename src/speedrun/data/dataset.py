@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +44,9 @@ class Dataset:
     # (train, test) images of the source a sample was drawn from (Dataset.sample), None for the whole source: said by
     # describe(), never cached (a sample is not the dataset).
     sampled_from: tuple[int, int] | None = None
+    # content_fingerprint()'s answer, once computed (a cache hit hands over the one its checksum pass made).
+    # init=False: dataclasses.replace (sample, test_sample) starts it empty, as the pixels it keeps may differ.
+    _fingerprint: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Tensors often come from files (or from a user of the Python API): a wrong type or shape is bad input, so
@@ -79,6 +84,14 @@ class Dataset:
         c, h, w = self.train_images.shape[1:]
         return int(c), int(h), int(w)
 
+    def fingerprint(self) -> str:
+        """What this data set is, whatever path it was read from: content_fingerprint of its classes and tensors.
+        The same folder by a relative or an absolute path, or a copy of it elsewhere, gives one fingerprint; one
+        changed pixel or label gives another. Results are keyed by it (records/db.py), not by the path typed."""
+        if not self._fingerprint:
+            self._fingerprint = content_fingerprint(self.classes, {k: getattr(self, k) for k in TENSORS})
+        return self._fingerprint
+
     def describe(self) -> str:
         """One line: the name, the splits' sizes, the image shape and the classes."""
         c, h, w = self.image_shape
@@ -108,6 +121,23 @@ class Dataset:
         whole = self.sampled_from or (len(self.train_labels), len(self.test_labels))
         return replace(self, train_images=train_x, train_labels=train_y, test_images=test_x, test_labels=test_y,
                        sampled_from=whole)
+
+
+TENSORS = ("train_images", "train_labels", "test_images", "test_labels")
+
+
+def content_fingerprint(classes: Sequence[str], tensors: dict[str, torch.Tensor]) -> str:
+    """"sha256:<hex>" over a JSON header (the class names, each tensor's dtype and shape) and then each tensor's raw
+    bytes in TENSORS order; the shapes fix where one tensor's bytes end and the next begin. The name, the path and
+    the files' times are not in it: it is what the data holds. One pass over the pixels, 2.0 GB/s with SHA-NI
+    (0.09 s for CIFAR-10's 184 MB); the cache's checksum is built on it (cache.checksum), so a cache hit pays it
+    once."""
+    header = {"classes": list(classes), "tensors": [[k, str(tensors[k].dtype), list(tensors[k].shape)]
+                                                    for k in TENSORS]}
+    h = hashlib.sha256(json.dumps(header).encode())  # ensure_ascii: any str, surrogates included, encodes
+    for k in TENSORS:
+        h.update(tensors[k].contiguous().numpy().reshape(-1).view("uint8"))  # native byte order, as saved
+    return "sha256:" + h.hexdigest()
 
 
 def sample_order(total: int, n: int) -> torch.Tensor | None:

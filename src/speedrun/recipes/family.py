@@ -60,6 +60,8 @@ class TrainingData(Protocol):
     @property
     def classes(self) -> Sequence[str]: ...  # a class name per label, in label order
 
+    def fingerprint(self) -> str: ...  # what the data holds ("sha256:..."), whatever path it was read from
+
 
 Cfg = TypeVar("Cfg")  # a family's config type (a FamilyConfig)
 Data = TypeVar("Data", bound=TrainingData)  # what its load_data answers
@@ -108,6 +110,11 @@ class Family(Protocol[Cfg, Data]):
 
     def notes(self, cfg: Cfg, data: Data, smoke: bool = False) -> list[str]:
         """Lines shown before training (what a smoke test is, advice)."""
+
+    def own_data(self, named: str, dataset: str, data: Data) -> bool:
+        """Whether `data`, loaded from `dataset` as the user gave it, is the data set `named` (a recipe's
+        default_dataset) as published: the one its target accuracy is measured on. A result on other data has no
+        target unless the user gives one (run/prepared.py)."""
 
     def data_signature(self, data: Data) -> dict:
         """What a checkpoint must agree on with the data it resumes on."""

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -47,6 +48,9 @@ _DERIVED = ("UPDATE results SET world_processes = coalesce(world_processes, 1), 
             "json_extract(json, '$.cost.timed_usd_per_run'), "
             "price_per_hour * mean_seconds * coalesce(world_processes, 1) / 3600.0)")
 
+# Version 3's results columns, in identity()'s order.
+V3_COLUMNS = [("kind", "TEXT"), ("dataset_name", "TEXT"), ("dataset_fingerprint", "TEXT"), ("target", "REAL")]
+
 MIGRATIONS = [
     # 1: one row per result; created_utc is its environment.timestamp_utc in _utc's form.
     """CREATE TABLE results (id INTEGER PRIMARY KEY, created_utc TEXT NOT NULL, recipe TEXT NOT NULL,
@@ -74,13 +78,22 @@ INSERT INTO runs SELECT results.id, CAST(r.key AS INTEGER), """
 CREATE TABLE reports (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, created_utc TEXT, command TEXT, source TEXT,
     sha256 TEXT NOT NULL UNIQUE, json TEXT NOT NULL);
 """,
+    # 3: what stored a row (kind), what it was measured on (the data set's name and content fingerprint; `dataset`
+    # keeps the path or name as typed, the row's source) and the target that applies there; rows backfilled by
+    # identity(), as a new row is filled, so a migrated row equals a fresh one.
+    "".join(f"ALTER TABLE results ADD COLUMN {column} {sql_type};\n" for column, sql_type in V3_COLUMNS)
+    + "UPDATE results SET " + ", ".join(f"{column} = speedrun_identity(json, command, dataset, {i})"
+                                        for i, (column, _) in enumerate(V3_COLUMNS)) + """;
+CREATE INDEX results_data ON results (dataset_fingerprint, dataset_name);
+CREATE INDEX results_kind ON results (kind);
+""",
 ]
 VERSION = len(MIGRATIONS)
 COLUMNS = ["id", "date", "kind", "recipe", "dataset", "device", "device_name", "n", "mean_accuracy", "std_accuracy",
-           "mean_seconds", "std_seconds", "hit_rate", "cost", "command", "git_commit", "git_dirty"]
-# What stored a result (query's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is. The
-# instruments store each setting's runs with their own command line (bench.run_and_store); ablate's two searches
-# are told apart by their flag.
+           "mean_seconds", "std_seconds", "hit_rate", "cost", "command", "git_commit", "git_dirty", "dataset_name",
+           "dataset_fingerprint", "target"]
+# What stored a result (its row's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is
+# (Result.kind, set by the instrument; for a file from before, result_kind of its command).
 KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune", "sweep")
 
 
@@ -276,6 +289,7 @@ def _expected_shape(version: int) -> dict[str, list[str]]:
     """The tables and columns a speedrun database of `version` has: MIGRATIONS[:version] run on an empty one."""
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
         conn.create_function("speedrun_sha256", 1, lambda text: None)
+        conn.create_function("speedrun_identity", 4, lambda *args: None)
         for script in MIGRATIONS[:version]:
             conn.executescript(script)
         return _shape(conn)
@@ -450,6 +464,7 @@ def _connect(path: Path, readonly: bool) -> Connection:
                                  f"migrates it to {VERSION} (e.g. speedrun results --db {name}), then run this again")
             return conn
         conn.create_function("speedrun_sha256", 1, lambda text: _sha256(json.loads(text)), deterministic=True)
+        conn.create_function("speedrun_identity", 4, _identity_column, deterministic=True)
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal" and tables:
             # The switch to WAL below writes the file's header. A damaged file must leave as it came, so one that
             # holds tables is checked whole first (once: the file stays in WAL mode, as speedrun makes its own).
@@ -530,6 +545,7 @@ def _checked(result: dict, source: str | None) -> _Checked:
                    n=_at(result, "n", (int,)), mean_accuracy=_at(result, "mean_accuracy", OPT_NUM),
                    command=_at(result, "command", OPT_STR), source=source, sha256=digest, json=text)
         row.update({column: _at(result, path, types) for column, path, types in V2_FIELDS})
+        row.update(zip([column for column, _ in V3_COLUMNS], identity(result, row["command"], row["dataset"])))
         # The statistics the leaderboard ranks and judges, from the runs themselves: a result's stated summary is
         # its writer's word (a file edited to say n=50 beside one run), and the runs were just checked.
         summary = runs_summary(result)
@@ -583,23 +599,20 @@ def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, s
     end = None if until is None else _utc(until, "--until", end_of_day=True)
     if start is not None and end is not None and start > end:
         raise ValueError(f"--since {since!r:.80} is after --until {until!r:.80}, so no result can match; swap them")
-    filters = {"recipe = ?": [recipe], "(dataset = ? OR substr(dataset, -length(?) - 1) = '/' || ?)": [dataset] * 3,
+    filters = {"recipe = ?": [recipe],
+               "(dataset = ? OR substr(dataset, -length(?) - 1) = '/' || ? OR dataset_name = ?)": [dataset] * 4,
                "(lower(device) = lower(?) OR instr(lower(device_name), lower(?)) > 0)": [device] * 2,
                "created_utc >= ?": [start], "created_utc <= ?": [end],
                "instr(command, ?) > 0": [command]}
     active = {clause: values for clause, values in filters.items() if values[0] is not None}
-    stored = [column for column in COLUMNS if column != "kind"]
-    # smoke_test read only from valid JSON: json_extract fails the whole query on one row that is not
-    sql = (f"SELECT {', '.join(stored).replace('date', 'created_utc')}, CASE WHEN json_valid(json) THEN "
-           "json_extract(json, '$.smoke_test') END FROM results"
+    sql = (f"SELECT {', '.join(COLUMNS).replace('date', 'created_utc')} FROM results"
            + "".join((" AND " if i else " WHERE ") + clause for i, clause in enumerate(active))
            + " ORDER BY created_utc DESC, id DESC" + ("" if limit is None else f" LIMIT {limit}"))
     rows = []
-    for *values, smoke in conn.execute(sql, [v for values in active.values() for v in values]):
-        row = dict(zip(stored, values))
-        row.update(kind=result_kind(row["command"], smoke == 1), git_dirty=None if row["git_dirty"] is None
-                   else bool(row["git_dirty"]))
-        rows.append({column: row[column] for column in COLUMNS})
+    for values in conn.execute(sql, [v for values in active.values() for v in values]):
+        row = dict(zip(COLUMNS, values))
+        row.update(git_dirty=None if row["git_dirty"] is None else bool(row["git_dirty"]))
+        rows.append(row)
     return rows
 
 
@@ -616,6 +629,66 @@ def result_kind(command: str | None, smoke: bool) -> str:
         return "to-target" if "--to-target" in words else "waterfall" if any(
             w == "--waterfall" or w.startswith("--waterfall=") for w in words) else "ablate"
     return kind
+
+
+# Dataset.fingerprint's form (data/dataset.py content_fingerprint; the imagenet family's shards alike).
+_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def identity(result, command: str | None, dataset: str | None) -> tuple:
+    """(kind, dataset_name, dataset_fingerprint, target) of a training result: V3_COLUMNS as its row stores them.
+
+    A result that records them (kind, data: {name, fingerprint}, target) is taken at its word where each is of its
+    form. An older one is read by the rules it was written under: its kind from its command (result_kind), its
+    data set's name from the path as typed (its last component; a name stays a name), no fingerprint (unknown:
+    such rows share a leaderboard by name alone), and its config's target only where its data was the cifar
+    recipes' published default, named `cifar10` (a copy that was not the published files was recorded under its
+    path then): the rule's one trusted case. Lenient by design: a row edited by hand gets NULLs, never an error,
+    so that a migration never stops on one."""
+    result = result if isinstance(result, dict) else {}
+    command = command if isinstance(command, str) else None
+    kind = result.get("kind")
+    kind = "smoke" if result.get("smoke_test") is True else kind if kind in KINDS else result_kind(command, False)
+    data = result.get("data") if isinstance(result.get("data"), dict) else {}
+    name = data.get("name")
+    name = name if isinstance(name, str) and name.strip() else dataset_name(dataset)
+    fingerprint = data.get("fingerprint")
+    fingerprint = fingerprint if isinstance(fingerprint, str) and _FINGERPRINT.fullmatch(fingerprint) else None
+    if "target" in result:
+        target = result["target"]
+    else:
+        config = result.get("config") if isinstance(result.get("config"), dict) else {}
+        target = config.get("target_accuracy", result.get("target_accuracy")) if dataset == "cifar10" else None
+    fraction = isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target <= 1
+    return kind, name, fingerprint, target if fraction else None
+
+
+def dataset_name(typed) -> str | None:
+    """A data set's name from the path or name a command was given: a path's last component (an archive's without
+    .tar.gz), a name as it is ("cifar10", "synthetic:train=256")."""
+    if not isinstance(typed, str):
+        return None
+    text = typed.strip()
+    if "/" not in text and "\\" not in text and not text.startswith("~"):
+        return text or None
+    base = text.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    for suffix in (".tar.gz", ".tgz", ".tar"):
+        base = base.removesuffix(suffix)
+    return base or text
+
+
+@functools.lru_cache(maxsize=1)  # the migration asks four columns of each row in turn: parsed once
+def _parsed(text) -> dict | None:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _identity_column(text, command, dataset, column: int):
+    """speedrun_identity(json, command, dataset, i): migration 3's backfill, identity()'s column i."""
+    return identity(_parsed(text), command, dataset)[column]
 
 
 def query_reports(conn: sqlite3.Connection, kind: str | None = None) -> list[dict]:

@@ -1,20 +1,25 @@
 """The HTML page of `speedrun report` (report.py collects the data; report_charts.py draws).
 
 One file that works offline: inline CSS, every chart a base64 PNG `<img data-chart="KIND">`, no script, no link
-out. Every stored string is escaped (a recipe named `<script>` is text on the page).
+out. Every stored string is escaped (a recipe named `<script>` is text on the page), and every absolute path of the
+machine that ran a command is shown portably (portable.portable_paths): in each text of the page's body, each
+image's alt text and each chart's title.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import sqlite3
 from datetime import datetime, timezone
-from html import escape
+from html import escape, unescape
 
 from speedrun.errors import counted
 from speedrun.report import charts
 from speedrun.report import queries as rep
+from speedrun.report import races as race
 from speedrun.report import study
+from speedrun.report.portable import portable_paths
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 12px}
 h1{font-size:24px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-top:36px}h3{font-size:16px}
@@ -28,7 +33,7 @@ def _img(kind: str, png: bytes | None, alt: str) -> list[str]:
     """The chart as an <img>, or nothing where charts.py drew none (its data carry no information)."""
     if png is None:
         return []
-    return [f'<img class="chart" data-chart="{escape(kind)}" alt="{escape(alt)}" '
+    return [f'<img class="chart" data-chart="{escape(kind)}" alt="{escape(portable_paths(alt))}" '
             f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">']
 
 
@@ -41,6 +46,36 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
 
 def _num(text: str) -> str:
     return f'<td class="num">{escape(text)}</td>'
+
+
+def _races(rows: list[dict], left_out: list[str]) -> list[str]:
+    """The races against airbench94 (races.race_rows), each a row: what raced, the times and accuracies of both
+    sides, the ratio and the difference with their 95% intervals and Welch's p; each race's command under the table
+    by its number (in a column it would take more of the first screen than the numbers)."""
+    out = ['<h2 id="races">Side by side with airbench94</h2>',
+           '<p class="note">Each race is one invocation of benchmarks/vs_airbench.py: our recipe and airbench94 on one '
+           'device and the same data, their runs interleaved after an untimed warm-up of each (none on a CPU), each '
+           'timed from the whitening initialization to the end of the final TTA evaluation. Time: the ratio of the '
+           'mean timed regions, ours / airbench94 (below 1: ours is faster); Δ accuracy: ours − airbench94, in '
+           'points; 95% confidence intervals and Welch\'s p ("no CI" with one run a side). On a CPU, airbench94 runs '
+           'in fp32 and the times say nothing about a GPU. Dry runs and races that did not finish are not shown.</p>']
+    cells = [[_num(str(i + 1)), escape(r["device"]), escape(race.race_label(r)), escape(r["schedule"]),
+              _num(f"{rep.pm_text(r['seconds_ours'], None, digits=3)} / "
+                   f"{rep.pm_text(r['seconds_anchor'], None, digits=3)}"),
+              _num(race.ratio_cell(r)), _num(rep.p_text(r["ratio_p"])),
+              _num(f"{rep.pm_text(r['accuracy_ours'], None, 100)} / {rep.pm_text(r['accuracy_anchor'], None, 100)}"),
+              _num(race.diff_cell(r)), _num(rep.p_text(r["diff_p"])), _num(race.runs_cell(r)), escape(r["date"]),
+              escape(r["dataset"])] for i, r in enumerate(rows)]
+    if cells:
+        out += [_table(["#", "device", "race", "schedule", "timed s, ours / anchor", "time ratio (95% CI)", "p",
+                        "test acc %, ours / anchor", "Δ acc, points (95% CI)", "p", "runs each", "date", "dataset"],
+                       cells),
+                '<p class="note">The commands, by the numbers above:</p>',
+                "<ol>" + "".join(f"<li><code>{escape(r['command'])}</code></li>" for r in rows) + "</ol>"]
+    if left_out:
+        out += ['<p class="note">Stored, but not shown here:</p>',
+                "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in left_out) + "</ul>"]
+    return out
 
 
 def _leaderboards(conn: sqlite3.Connection, boards: list[dict]) -> list[str]:
@@ -116,8 +151,8 @@ def _charts_per_dataset(conn: sqlite3.Connection, boards: list[dict]) -> list[st
                    'evaluated every epoch; the first rows of each leaderboard).</p>']
     no_curve = []  # the datasets whose results have no curve to draw
     by_data: dict[str, list[dict]] = {}  # per dataset and family, as the leaderboards
-    for board in boards:
-        by_data.setdefault(rep.board_name(board), []).append(board)
+    for board in boards:  # the name is a chart's title too: drawn into the image, never read by the page's pass
+        by_data.setdefault(portable_paths(rep.board_name(board)), []).append(board)
     for name, group in by_data.items():
         rows = [r for board in group for r in board["rows"] if r["seconds"] is not None][:rep.POINTS_PER_CHART]
         points = [{"recipe": rep.clip_text(r["recipe"], 60), "seconds": r["seconds"], "std_seconds": r["std_seconds"],
@@ -159,6 +194,11 @@ def _settings(report: dict, title: str, synthetic: bool) -> list[str]:
     return out + [_table(header, cells)] if rows else out
 
 
+def _title(report: dict, what: str) -> str:
+    """A report's title, its paths shown portably: charts draw it into their images."""
+    return portable_paths(rep.report_title(report, what))
+
+
 def _ablations(conn: sqlite3.Connection) -> list[str]:
     out = ['<h2 id="ablation">Benchmarks: bench, ablations and waterfalls</h2>',
            '<p class="note">The newest report of each kind per recipe, dataset and device (of `speedrun bench`, per '
@@ -171,11 +211,11 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
         prov = escape(rep.provenance(report)) + ("; synthetic data: accuracy is chance level here" if synthetic
                                                  else "")
         if kind == "bench" and rep.setting_rows(report):
-            title = rep.report_title(report, "settings side by side")
+            title = _title(report, "settings side by side")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     *_settings(report, title, synthetic)]
         elif kind == "ablate" and (rows := rep.ablation_rows(report)):
-            title = rep.report_title(report, "what each trick buys")
+            title = _title(report, "what each trick buys")
             base = escape(rep.baseline_text(report) or "n/a")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}; the baseline (the recipe): {base}</p>',
                     *_img("ablation", charts.ablation_bars(title, rows), title),
@@ -183,16 +223,16 @@ def _ablations(conn: sqlite3.Connection) -> list[str]:
                            [[escape(r["trick"]), escape(r["off"]), _num(rep.ci_text(r)), _num(rep.p_text(r["p"])),
                              _num("-" if r["ratio"] is None else f"{r['ratio']:.3f}"), escape(r["what"])]
                             for r in rows]),
-                    *_settings(report, rep.report_title(report, "each trick off, side by side"), synthetic)]
+                    *_settings(report, _title(report, "each trick off, side by side"), synthetic)]
         elif kind == "waterfall" and (rows := rep.waterfall_rows(report)):
-            title = rep.report_title(report, "tricks added one at a time")
+            title = _title(report, "tricks added one at a time")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     *_img("waterfall", charts.waterfall(title, rows), title),
                     _table(["step", "test acc %", "bought, points (95% CI)", "p", "timed s"],
                            [[escape(r["label"]), _num(rep.pm_text(r["accuracy"], r["std"], 100)), _num(rep.ci_text(r)),
                              _num(rep.p_text(r["p"])), _num(rep.pm_text(r["seconds"], None))] for r in rows])]
         elif kind == "to_target" and (rows := rep.target_rows(report)):
-            title = rep.report_title(report, "epochs to the target")
+            title = _title(report, "epochs to the target")
             out += [f"<h3>{escape(title)}</h3>", f'<p class="note">{prov}</p>',
                     *_img("to-target", charts.epochs_bars(title, rows), title),
                     _table(["variant", "epochs", "to the target", "timed s there", "probes"],
@@ -225,24 +265,44 @@ def _reports(conn: sqlite3.Connection) -> list[str]:
             _table(["id", "kind", "date", "command"], rows) if rows else '<p class="note">None yet.</p>']
 
 
+_TAG = re.compile(r"(<[^>]*>)")  # the page's own tags: stored text inside them is escaped, so never holds a "<"
+
+
+def _portable_body(html: str) -> str:
+    """`html` with each text between tags shown with portable paths (portable.portable_paths), read as the browser
+    shows it (entities decoded) and escaped again where it changed."""
+    parts = _TAG.split(html)
+    for i in range(0, len(parts), 2):
+        text = unescape(parts[i])
+        shown = portable_paths(text)
+        if shown != text:
+            parts[i] = escape(shown)
+    return "".join(parts)
+
+
 def page(conn: sqlite3.Connection, alpha: float | None = None) -> str:
     """The whole page; leaderboards judged by the records rule at threshold `alpha` (None: the setting)."""
+    left_out: list[str] = []  # the stored races that are not shown, named on the page
+    races = race.race_rows(conn, left_out)
     boards, speed = rep.leaderboards(conn, alpha=alpha), rep.leaderboards(conn, synthetic=True)
     results, reports = (conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("results", "reports"))
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = ["<h1>speedrun results</h1>", f'<p class="note">Generated {now} by <code>speedrun report</code> from '
             f'{counted(results, "stored result")} and {counted(reports, "report")}. Nothing on this page loads '
             'from the network.</p>',
-            '<p><a href="#leaderboard">leaderboards</a> · '
+            '<p>' + ('<a href="#races">side by side with airbench94</a> · ' if races or left_out else '')
+            + '<a href="#leaderboard">leaderboards</a> · '
             + ('<a href="#speed">speed only (synthetic data)</a> · ' if speed else '')
             + '<a href="#accuracy-time">accuracy against time</a> · <a href="#curves">learning curves</a> · '
             '<a href="#ablation">bench and ablations</a> · <a href="#sweeps">sweeps</a> · '
             '<a href="#reports">reports</a></p>']
+    body += _races(races, left_out) if races or left_out else []
     body += _leaderboards(conn, boards) if boards else [
         '<h2 id="leaderboard">Leaderboards</h2>', '<p class="note">' + escape(
             "No result on real data is stored yet." if speed else rep.unranked_text(conn)) + '</p>']
     body += (_speed_boards(speed) if speed else []) + _charts_per_dataset(conn, boards) + _ablations(conn)
     body += study.section(conn, _img, _table, _num) + _reports(conn)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + rep.GENERATOR +
-            f"<title>speedrun results</title><style>{_STYLE}</style></head>\n<body>\n" + "\n".join(body) +
+            f"<title>speedrun results</title><style>{_STYLE}</style></head>\n<body>\n" +
+            _portable_body("\n".join(body)) +
             "\n</body></html>\n")

@@ -1,8 +1,10 @@
-"""The generated Markdown of `speedrun report`: README.md's records table (--readme) and BENCHMARKS.md's
-ablation and waterfall tables (--benchmarks), each between its marker lines (`<!-- NAME:begin -->` ...
-`<!-- NAME:end -->`, the convention benchmarks/table.py shares), so no number there is typed by hand.
+"""The generated Markdown of `speedrun report`: README.md's front page (--readme: the races side by side with
+airbench94, then the records) and BENCHMARKS.md's ablation and waterfall tables (--benchmarks), each between its
+marker lines (`<!-- NAME:begin -->` ... `<!-- NAME:end -->`, the convention benchmarks/table.py shares), so no
+number there is typed by hand.
 
-Stored text is hostile: escaped so that it never becomes markup, and never a marker line.
+Stored text is hostile: escaped so that it never becomes markup, and never a marker line; the absolute paths of
+the machines that ran a command are shown portably (portable.portable_paths).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from pathlib import Path
 from speedrun.errors import counted, printable
 from speedrun.paths import check_file_name
 from speedrun.records.result_file import write_text
+from speedrun.records.stats import record_alpha
+from speedrun.report.portable import portable_paths
 from speedrun.report.queries import (NO_TARGET, ablation_rows, baseline_text, ci_text, clip_text, has_reached,
                                      leaderboards, newest_reports, p_text, pm_text, provenance, ratio_text,
                                      record_p_cell, report_title, tune_recommended, tune_rows, unranked_text,
                                      waterfall_rows)
+from speedrun.report.races import ANCHOR, diff_cell, race_label, race_rows, ratio_cell, runs_cell
 
 
 def _md_provenance(report: dict) -> str:
@@ -44,8 +49,8 @@ def _md(cell: str) -> str:
     markup (a `<script>`, a marker line, a `[link](url)`, an image, *emphasis*, a code span, $math$, a bare
     URL), nor end its cell (a `|`) or its row (a newline: whitespace folds to one space, control characters are
     escaped as errors.printable shows them). Backslashes are doubled first, so that one before a `|` cannot undo
-    its escape; <, > and & become entities."""
-    text = printable(" ".join(str(cell).split()))
+    its escape; <, > and & become entities. An absolute path of a machine is shown portably first."""
+    text = printable(" ".join(portable_paths(cell).split()))
     text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     text = "".join("\\" + c if c in _MARKUP else c for c in text)
     return _WHERE_ACTIVE.sub(lambda found: "\\" + found.group(), text)
@@ -59,8 +64,9 @@ class _Code(str):
 def _code(text: str) -> _Code:
     """A command in a code span, on one line: markup is inert there, but a marker inside would still be found as
     one, and a `|` would end the table's cell (GitHub reads `\\|` there as `|`). The span's fence is one backtick
-    longer than the longest run inside, so a backtick in the command shows as itself."""
-    text = printable(" ".join(str(text).split()))
+    longer than the longest run inside, so a backtick in the command shows as itself. An absolute path of the
+    machine it ran on is shown portably."""
+    text = printable(" ".join(portable_paths(text).split()))
     text = text.replace("|", "\\|").replace("<!--", "<!- -").replace("-->", "- ->")
     fence = "`" * (1 + max((len(run) for run in re.findall("`+", text)), default=0))
     pad = " " if text.startswith("`") or text.endswith("`") else ""
@@ -116,28 +122,49 @@ def benchmarks_lines(conn: sqlite3.Connection) -> list[str]:
     return lines or ["No ablation or waterfall report is stored yet (`speedrun ablate`)."]
 
 
-def readme_lines(conn: sqlite3.Connection, per_board: int = 3, alpha: float | None = None) -> list[str]:
-    """The README's records table: the first `per_board` rows of each leaderboard, each with the records rule's
-    p and verdict at threshold `alpha` (None: the setting, stats.record_alpha)."""
-    boards = leaderboards(conn, alpha=alpha)
-    rows = [(board, r) for board in boards for r in board["rows"][:per_board]]
-    if not rows:
+def readme_lines(conn: sqlite3.Connection, per_board: int = 3, alpha: float | None = None,
+                 max_races: int = 8) -> list[str]:
+    """README.md's generated section, what a reader sees first: the races side by side with airbench94 (the first
+    `max_races` of races.race_rows), then the records: the first `per_board` rows of each leaderboard that reach
+    their target by the records rule at threshold `alpha` (None: the setting, stats.record_alpha), or one line
+    saying that no record is claimed yet, and why. Results short of their target (development runs) are left to
+    the HTML report. Nothing ranked and no race: the one line of unranked_text."""
+    races, boards = race_rows(conn), leaderboards(conn, alpha=alpha)
+    if not races and not boards:
         return [unranked_text(conn)]
-    table = _md_table(["dataset", "target", "recipe", "device", "test acc %", "timed s", "n", "p", "reached",
-                       "date", "command"],
-                      [[clip_text(b["dataset"], 80), NO_TARGET if b["target"] is None else f"{100 * b['target']:g}%",
-                        clip_text(r["recipe"], 40), clip_text(r["device_name"] or r["device"], 40),
-                        pm_text(r["accuracy"], r["std_accuracy"], 100), pm_text(r["seconds"], r["std_seconds"]),
-                        str(r["n"]), record_p_cell(r),
-                        "yes" if has_reached(r) else "no", r["date"][:10], _code(clip_text(r["command"], 300))]
-                       for b, r in rows])
-    alpha = boards[0]["alpha"]
-    return table + ["", "Generated by `speedrun report --readme` from the results database "
-                     f"({counted(len(rows), 'row')}); the full leaderboard, charts and fingerprints are in the HTML "
-                     "report.",
-                     f"reached: p < {alpha:g} in a one-sided t-test of the runs' accuracies against the target (the "
-                     "records rule: n >= 2, so p is \"-\" for one run; a diverged run counts as accuracy 0; "
-                     "SPEEDRUN_RECORD_P sets the threshold)."]
+    lines: list[str] = []
+    if races:
+        lines += _md_table(["device", "race", "schedule", f"time, ours / {ANCHOR} (95% CI)",
+                            "Δ accuracy, points (95% CI)", "runs each", "date", "dataset"],
+                           [[r["device"], race_label(r), r["schedule"], ratio_cell(r), diff_cell(r), runs_cell(r),
+                             r["date"], r["dataset"]] for r in races[:max_races]])
+        more = f" {counted(len(races) - max_races, 'more race')} in the HTML report." if len(races) > max_races else ""
+        lines += ["", f"Each race: one invocation of benchmarks/vs_airbench.py, the two systems' runs interleaved on "
+                  f"one device and the same data; time is the ratio of mean timed regions (below 1: ours is faster), "
+                  f"Δ accuracy ours − {ANCHOR}, with 95% CIs. On a CPU, {ANCHOR} runs in fp32 and the times say "
+                  f"nothing about a GPU.{more}", ""]
+    alpha = boards[0]["alpha"] if boards else record_alpha(alpha, "alpha")
+    records = [(b, r) for b in boards for r in [r for r in b["rows"] if has_reached(r)][:per_board]]
+    if records:
+        lines += _md_table(["dataset", "target", "recipe", "device", "test acc %", "timed s", "n", "p", "date",
+                            "command"],
+                           [[clip_text(b["dataset"], 80), NO_TARGET if b["target"] is None else
+                             f"{100 * b['target']:g}%", clip_text(r["recipe"], 40),
+                             clip_text(r["device_name"] or r["device"], 40),
+                             pm_text(r["accuracy"], r["std_accuracy"], 100), pm_text(r["seconds"], r["std_seconds"]),
+                             str(r["n"]), record_p_cell(r), r["date"][:10],
+                             _code(clip_text(portable_paths(r["command"]), 300))] for b, r in records])
+        lines += ["", f"Records: results that reach their recipe's target by the records rule, p < {alpha:g} in a "
+                  "one-sided t-test of their runs' accuracies against the target (n >= 2; a diverged run counts as "
+                  "accuracy 0; SPEEDRUN_RECORD_P sets the threshold)."]
+    elif boards:
+        lines.append(f"No record is claimed yet: no stored result reaches its recipe's target on the recipe's own "
+                     f"dataset by the records rule (p < {alpha:g} in a one-sided t-test of n >= 2 runs' accuracies "
+                     "against the target); the development runs are in the HTML report.")
+    else:
+        lines.append(f"No record is claimed yet. {unranked_text(conn)}")
+    return lines + ["", "Generated by `speedrun report --readme` from the results database; the leaderboards, "
+                    "charts and fingerprints are in the HTML report (`speedrun report`)."]
 
 
 def markers(name: str) -> tuple[str, str]:

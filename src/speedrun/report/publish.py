@@ -1,11 +1,12 @@
 """`speedrun report`: the results database as one self-contained HTML page, and the generated Markdown tables.
 
-The page (no script, no network at view time: every chart is a PNG inside the file) holds a leaderboard per
-dataset and target accuracy (real data; synthetic data's results in a speed-only section), accuracy against time
-per recipe, per-epoch learning curves, each bench's and ablation's settings side by side, the newest ablation bars,
-waterfall and --to-target charts per recipe, dataset and device, and every stored benchmark report.
-`--readme FILE` and `--benchmarks FILE` rewrite the text between the marker lines `<!-- records:begin -->` ...
-`<!-- records:end -->` (the README's records table) and `<!-- ablation:begin -->` ... (BENCHMARKS.md's ablation
+The page (no script, no network at view time: every chart is a PNG inside the file) holds first the races side by
+side with airbench94 (benchmarks/vs_airbench.py's reports), then a leaderboard per dataset and target accuracy
+(real data; synthetic data's results in a speed-only section), accuracy against time per recipe, per-epoch
+learning curves, each bench's and ablation's settings side by side, the newest ablation bars, waterfall and
+--to-target charts per recipe, dataset and device, and every stored benchmark report. `--readme FILE` and
+`--benchmarks FILE` rewrite the text between the marker lines `<!-- records:begin -->` ... `<!-- records:end -->`
+(the README's front page: the races, then the records) and `<!-- ablation:begin -->` ... (BENCHMARKS.md's ablation
 and waterfall tables), the convention of benchmarks/table.py, so no number there is typed by hand.
 
 queries.py reads the database, html.py and markdown.py render; this module checks every file first, then writes.

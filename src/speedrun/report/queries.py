@@ -3,8 +3,10 @@ newest reports, every value checked, with their text forms (html.py and markdown
 writes the files).
 
 What the leaderboard ranks: `speedrun train` results (imported files included) that are not smoke tests and have
-at least one finished run; the runs of a bench or ablation (commands ending "# setting ...") live in their reports.
-Within a dataset and target, results that reach the target come first, fastest mean timed region first; then the
+at least one finished run (a row's kind, db.KINDS); the runs of a bench, an ablation or a sweep live in their reports.
+A leaderboard is one data set (its content's fingerprint, whatever path it was read from), recipe family and target:
+the recipe's target applies on its own data set only, or where the user gave one (db.identity).
+Within it, results that reach the target come first, fastest mean timed region first; then the
 others, most accurate first. A result reaches its target by the records rule (stats.reaches_target, modded-nanogpt's):
 a one-sided t-test of its runs' accuracies against the target gives p < the threshold (0.01, or $SPEEDRUN_RECORD_P),
 with n >= 2 runs; the mean over runs is tested, never the best run. Every stored row is judged as it is read, from
@@ -21,7 +23,7 @@ import sqlite3
 
 from speedrun.errors import counted, printable
 from speedrun.recipes import RECIPES
-from speedrun.records import db, stats
+from speedrun.records import stats
 from speedrun.records.stats import interval_text, reaches_target, record_alpha, record_p_text
 from speedrun.report.charts import finite
 
@@ -39,18 +41,19 @@ def _json_at(path: str) -> str:  # json_extract raises on text that is not JSON:
     return f"CASE WHEN json_valid(json) THEN json_extract(json, '{path}') END"
 
 
-_LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset, device, device_name, n, mean_accuracy, std_accuracy,
-    mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version, world_processes,
-    coalesce({_json_at('$.config.target_accuracy')}, {_json_at('$.target_accuracy')}),
-    {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')},
-    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged), {_json_at('$.config.model')}
-    FROM results WHERE mean_accuracy IS NOT NULL AND NOT coalesce({_json_at('$.smoke_test')}, 0)
-    AND coalesce({_json_at('$.complete')}, 1) AND instr(coalesce(command, ''), '  # setting ') = 0"""
-# Complete results only: an interrupted command's partial result is not a record (and the --resume that
-# finishes it stores the same runs again as a complete one). Older files without "complete" count as complete.
+_LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset_name, device, device_name, n, mean_accuracy,
+    std_accuracy, mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version,
+    world_processes, target, {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')},
+    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged), {_json_at('$.config.model')},
+    dataset_fingerprint, dataset
+    FROM results WHERE mean_accuracy IS NOT NULL AND kind = 'train' AND coalesce({_json_at('$.complete')}, 1)"""
+# `speedrun train` results only (db.KINDS: not smoke tests, not an instrument's settings), complete ones: an
+# interrupted command's partial result is not a record (and the --resume that finishes it stores the same runs
+# again as a complete one). Older files without "complete" count as complete. `target` is the one that applies on
+# the row's data set (db.identity: the recipe's on its own data set, the user's where given, else none).
 _KEYS = ["id", "date", "recipe", "dataset", "device", "device_name", "n", "accuracy", "std_accuracy", "seconds",
          "std_seconds", "hit_rate", "cost", "command", "commit", "dirty", "torch", "processes", "target", "driver",
-         "cuda", "diverged", "model"]
+         "cuda", "diverged", "model", "fingerprint", "source"]
 
 
 def clip_text(value, limit: int = 400) -> str:
@@ -84,7 +87,9 @@ def _clean(values) -> dict | None:
                std_seconds=_within(row["std_seconds"], 0.0, 1e9) if spread else None,
                hit_rate=_within(row["hit_rate"], 0.0, 1.0), cost=_within(row["cost"], 0.0, 1e9),
                target=_within(row["target"], 1e-9, 1.0), date=clip_text(row["date"], 40),
-               processes=_within(row["processes"], 1, 10**6), dirty=row["dirty"] in (1, True))
+               processes=_within(row["processes"], 1, 10**6), dirty=row["dirty"] in (1, True),
+               fingerprint=row["fingerprint"] if isinstance(row["fingerprint"], str) else None,
+               dataset=clip_text(row["dataset"] if isinstance(row["dataset"], str) else row["source"], 300))
     return row
 
 
@@ -93,6 +98,13 @@ def family_of(recipe) -> str:
     Two families can name different data alike ("synthetic"): a leaderboard is per dataset *and* family."""
     known = RECIPES.get(recipe) if isinstance(recipe, str) else None
     return known.family if known is not None else "other"
+
+
+def data_key(row: dict) -> str:
+    """What a leaderboard groups a row by: its data set's content fingerprint (the same folder by any path, or a
+    copy of it, is one data set; a changed one is another), or, for a row stored without one (before speedrun
+    recorded it), its name."""
+    return clip_text(row["fingerprint"] or f"name:{row['dataset']}", 300)
 
 
 def is_synthetic(dataset) -> bool:
@@ -125,9 +137,7 @@ def unranked_text(conn: sqlite3.Connection) -> str:
     if not stored:
         return "No result is stored yet."
     settings: dict[tuple[str, str], int] = {}
-    for (command,) in conn.execute("SELECT command FROM results WHERE instr(coalesce(command, ''), '  # setting ') "
-                                   "> 0"):
-        kind = db.result_kind(command if isinstance(command, str) else None, False)
+    for (kind,) in conn.execute("SELECT kind FROM results WHERE kind NOT IN ('train', 'smoke')"):
         what = SETTING_NAMES.get(kind, SETTING_NAMES["ablate"])
         settings[what] = settings.get(what, 0) + 1
     parts = [counted(n, *what) for n, what in ((smoke, ("smoke test", "smoke tests")),
@@ -159,8 +169,9 @@ def judge(row: dict, alpha: float) -> tuple[bool, float | None]:
 
 
 def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: float | None = None) -> list[dict]:
-    """[{"dataset", "family", "target", "alpha", "rows": ranked}] per dataset, recipe family and target accuracy, in
-    that order; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Each row carries "reached"
+    """[{"dataset", "fingerprint", "family", "target", "alpha", "rows": ranked}] per data set (data_key: its content
+    fingerprint; "dataset" is its name as its newest row gives it), recipe family and the target that applies there,
+    sorted by name; at most MAX_BOARDS of them (the "more" key of the last counts the rest). Each row carries "reached"
     and "p", the records rule's verdict at threshold `alpha` (None: the setting, stats.record_alpha). Real data only;
     synthetic=True: synthetic data only, per dataset and family (no target: their accuracy is chance), fastest
     first."""
@@ -168,23 +179,26 @@ def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: fl
     groups: dict[tuple, list[dict]] = {}
     for values in conn.execute(_LEADERBOARD_SQL):
         row = _clean(values)
-        if row is not None and is_synthetic(row["dataset"]) == synthetic:
+        if row is not None and is_synthetic(row["source"]) == synthetic:
             row["reached"], row["p"] = (False, None) if synthetic else judge(row, alpha)
             # the user's network (--model) is its own board: its result is not the recipe's network's
             network = clip_text(row["model"], 100) if isinstance(row["model"], str) and row["model"] else ""
             family = family_of(row["recipe"]) + (f", network {network}" if network else "")
-            key = (clip_text(row["dataset"], 300), family, None if synthetic else row["target"])
+            key = (data_key(row), family, None if synthetic else row["target"])
             groups.setdefault(key, []).append(row)
     boards = []
-    for (dataset, family, target), rows in sorted(groups.items(), key=lambda kv: (kv[0][:2], kv[0][2] or 0)):
+    for (_, family, target), rows in groups.items():
         def rank(r):
             reached = r["reached"]
             seconds = r["seconds"] if r["seconds"] is not None else float("inf")
             if synthetic:
                 return seconds, r["id"]
             return not reached, seconds if reached else -r["accuracy"], r["id"]
-        boards.append({"dataset": dataset, "family": family, "target": target, "alpha": alpha,
-                       "rows": sorted(rows, key=rank)})
+        ranked = sorted(rows, key=rank)
+        newest = max(rows, key=lambda r: (r["date"], r["id"]))  # a copy may carry another folder's name
+        boards.append({"dataset": clip_text(newest["dataset"], 300), "fingerprint": newest["fingerprint"],
+                       "family": family, "target": target, "alpha": alpha, "rows": ranked})
+    boards.sort(key=lambda b: (b["dataset"], b["family"], b["target"] or 0, b["fingerprint"] or ""))
     if len(boards) > MAX_BOARDS:
         boards = boards[:MAX_BOARDS]
         boards[-1]["more"] = len(groups) - MAX_BOARDS

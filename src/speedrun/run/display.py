@@ -55,6 +55,9 @@ def verdict_text(result) -> str:
         return f"No run finished: nothing to judge against {target}."
     if result.smoke_test:
         return f"A smoke test checks that the pipeline runs: its accuracy is not judged against {target}."
+    if not getattr(result, "target_applies", True):
+        return (f"No record is judged against {target}: it was measured on the recipe's own data set, which this is "
+                "not; give this data set a target with --set target_accuracy=FRACTION.")
     hits = sum(a >= result.target_accuracy for a in result.accuracies)
     reached = (f"{hits}/{finished} runs reached {target}" if finished > 1 else
                f"The run {'reached' if hits else 'did not reach'} {target}")

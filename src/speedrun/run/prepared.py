@@ -147,6 +147,10 @@ class PreparedRun:
         identity, device, config, environment, timed region, world, FLOPs, precision, peaks), and `fields`."""
         cfg = self.cfg if cfg is None else cfg
         env = environment(self.device) if env is None else env
+        source = self.request.dataset if self.request.dataset is not None else self.recipe.default_dataset
+        own = self.family.own_data(self.recipe.default_dataset, os.fsdecode(source), self.data)
+        given = "target_accuracy" in self.request.overrides  # the user's own target, on whatever data
+        data = {"name": self.data.name, "fingerprint": self.data.fingerprint(), "source": self.dataset, "own": own}
         threads = cfg.cpu_threads or default_cpu_threads() if isinstance(cfg, SystemConfig) else None
         return Result(recipe=self.recipe.name, dataset=self.dataset, device=self.device.type,
                       config=dataclasses.asdict(cfg), runs=runs, environment=env,
@@ -154,7 +158,8 @@ class PreparedRun:
                       smoke_test=self.request.smoke, timed_region=self.family.timed_region(cfg),
                       world=self.world.to_dict(), flops=count_flops(self.family, cfg, self.data),
                       precision=resolve_system(cfg, self.device).precision,
-                      peaks=peak.cached(self.device, env["device_name"], threads), **fields)
+                      peaks=peak.cached(self.device, env["device_name"], threads), data=data,
+                      target_applies=own or given, **fields)
 
 
 def prepare(request: RunRequest, *, cfg: Any = None, join: bool = True) -> PreparedRun:

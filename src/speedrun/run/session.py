@@ -63,6 +63,17 @@ class Result:
     # The records rule's threshold this result is judged at (stats.reaches_target): Session sets the setting
     # (stats.record_alpha: $SPEEDRUN_RECORD_P, else 0.01) that the summary shows, from_dict the reader's.
     record_p: float = RECORD_ALPHA
+    # What stored this result (records/db.py KINDS): "train" for `speedrun train` and the Python API, "smoke" for its
+    # --smoke; an instrument that stores each setting's runs names itself ("bench", "ablate", "sweep", ...).
+    kind: str = "train"
+    # What the data is, whatever path was typed: {"name", "fingerprint" (Dataset.fingerprint: its content),
+    # "source" (the path or name as given), "own" (the recipe's own data set, Family.own_data)}; None in a result
+    # read from a file written before it was recorded. Results are keyed by name and fingerprint (records/db.py).
+    data: dict | None = None
+    # Whether the config's target_accuracy is this result's target: on the recipe's own data set, or given by the
+    # user (--set target_accuracy=). A target measured on CIFAR-10 says nothing of another data set, so elsewhere
+    # no record is judged (record() is None) and the result file's "target" is null.
+    target_applies: bool = True
 
     @property
     def finished(self) -> list[RunResult]:
@@ -100,7 +111,7 @@ class Result:
         below). A diverged run counts as accuracy 0, as a sweep's trial counts it (instruments/sweep.py's _score): a
         recipe that diverges 7 times in 10 does not reach its target on the 3 runs that finished. None without a
         finished run. The mean and std shown and stored are the finished runs'."""
-        if not self.finished:
+        if not self.finished or not self.target_applies:
             return None
         acc = summarize(cast("list[float]", [0.0 if r.diverged is not None else r.accuracy for r in self.runs]))
         reached, p = reaches_target(acc.mean, acc.std or 0.0, acc.n, self.target_accuracy, self.record_p)
@@ -174,7 +185,9 @@ class Result:
                    resumed_from=[str(x) for x in get("resumed_from", (list,), [])],
                    saved_model=get("saved_model", (str,)), wall_seconds=get("wall_seconds", (int, float), 0.0),
                    price=price, flops=run_flops, precision=get("precision", (str,)), settings=get("settings", (dict,)),
-                   recorded_mfu=recorded_mfu, record_p=record_alpha())  # re-judged at the reader's threshold
+                   recorded_mfu=recorded_mfu, record_p=record_alpha(),  # re-judged at the reader's threshold
+                   kind=get("kind", (str,), "train"), data=get("data", (dict,)),
+                   target_applies=d.get("target", d.get("target_accuracy", 0)) is not None)
 
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies, FRACTION).to_dict() if self.finished else None
@@ -182,9 +195,10 @@ class Result:
                 if self.finished else None)
         return {
             "recipe": self.recipe, "dataset": self.dataset, "device": self.device, "command": self.command,
-            "smoke_test": self.smoke_test,
+            "kind": "smoke" if self.smoke_test else self.kind, "smoke_test": self.smoke_test,
             "mean_accuracy": self.mean_accuracy, "std_accuracy": self.std_accuracy, "n": len(self.finished),
             "accuracy": acc, "train_seconds": secs,
+            "data": self.data, "target": self.target_accuracy if self.target_applies else None,
             "target_accuracy": self.target_accuracy, "hit_rate": self.hit_rate, "record": self.record(),
             "timed_region": self.timed_region,
             "data_seconds": self.data_seconds, "warmup_seconds": self.warmup_seconds,

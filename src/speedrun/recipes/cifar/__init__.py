@@ -33,10 +33,11 @@ from speedrun.recipes.cifar.data import TRICKS, check, check_data, idle_tricks
 from speedrun.recipes.cifar.loop import TrainState, build_model, build_optimizers, flops, train_run, train_step, warmup
 from speedrun.recipes.in_memory.config import MAY_DIFFER_ON_RESUME, final_evaluation, timed_region
 from speedrun.recipes.in_memory.data import (data_signature, describe, epochs_for_steps, load_data, model_card, notes,
-                                             run_steps, smoke, with_epochs)
+                                             own_data, run_steps, smoke, with_epochs)
 
 __all__ = ["MAY_DIFFER_ON_RESUME", "CifarConfig", "cifar10_94", "cifar10_94_hiverge", "cifar10_94_muon", "cifar10_95",
            "cifar10_96", "final_evaluation", "timed_region", "TRICKS", "idle_tricks", "check", "check_data",
-           "data_signature", "describe", "load_data", "model_card", "notes", "smoke", "with_epochs", "run_steps",
+           "data_signature", "own_data",
+           "describe", "load_data", "model_card", "notes", "smoke", "with_epochs", "run_steps",
            "epochs_for_steps", "TrainState", "build_model", "build_optimizers", "flops", "train_run", "train_step",
            "warmup"]

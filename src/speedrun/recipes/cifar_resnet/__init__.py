@@ -11,9 +11,10 @@ from speedrun.recipes.cifar_resnet.loop import build_model, build_optimizers, fl
 from speedrun.recipes.cifar_resnet.model import CifarResNet, parameter_count, whiten_stem_
 from speedrun.recipes.in_memory.config import MAY_DIFFER_ON_RESUME, final_evaluation
 from speedrun.recipes.in_memory.data import (data_signature, describe, epochs_for_steps, load_data, model_card, notes,
-                                             run_steps, smoke, with_epochs)
+                                             own_data, run_steps, smoke, with_epochs)
 
 __all__ = ["MAY_DIFFER_ON_RESUME", "ResnetConfig", "cifar10_resnet18", "final_evaluation", "timed_region", "TRICKS",
-           "idle_tricks", "check", "check_data", "data_signature", "describe", "load_data", "model_card", "notes",
+           "idle_tricks", "check", "check_data", "data_signature", "own_data",
+           "describe", "load_data", "model_card", "notes",
            "smoke", "with_epochs", "run_steps", "epochs_for_steps", "build_model", "build_optimizers", "flops",
            "train_run", "warmup", "CifarResNet", "parameter_count", "whiten_stem_"]

@@ -35,12 +35,12 @@ from speedrun.recipes.imagenet.config import (FFCV_HARDWARE, FFCV_REFERENCE, MAY
                                               resnet18_40, resnet18_88, resnet50, resnet50_16, resnet50_24, resnet50_32,
                                               resnet50_40, resnet50_88, timed_region)
 from speedrun.recipes.imagenet.data import (TRICKS, ShardData, check, data_signature, describe, epochs_for_steps,
-                                            idle_tricks, load_data, model_card, notes, run_steps, smoke, warmup,
-                                            with_epochs, write_synthetic_shards)
+                                            idle_tricks, load_data, model_card, notes, own_data, run_steps, smoke,
+                                            warmup, with_epochs, write_synthetic_shards)
 from speedrun.recipes.imagenet.loop import (TrainState, build_model, build_optimizer, eval_decode_px, evaluate_top1,
                                             flops, res_at, train_run)
 
-__all__ = ["FFCV_HARDWARE", "FFCV_REFERENCE", "MAY_DIFFER_ON_RESUME", "ImagenetConfig", "debug", "resnet18",
+__all__ = ["own_data", "FFCV_HARDWARE", "FFCV_REFERENCE", "MAY_DIFFER_ON_RESUME", "ImagenetConfig", "debug", "resnet18",
            "resnet18_16", "resnet18_24", "resnet18_32", "resnet18_40", "resnet18_88", "resnet50", "resnet50_16",
            "resnet50_24", "resnet50_32", "resnet50_40", "resnet50_88", "final_evaluation", "timed_region", "TRICKS",
            "idle_tricks", "ShardData", "check", "data_signature", "describe", "load_data", "model_card", "notes",

@@ -23,7 +23,7 @@ from speedrun.data.loader import epochs_for_steps as loader_epochs
 from speedrun.data.loader import steps_for
 from speedrun.data.shard_loader import device_decoder
 from speedrun.data.shards import (MANIFEST, SPLITS, SYNTHETIC_FORMAT, Shards, file_sha256, listed_splits, open_regular,
-                                  prepare_command, read_classes, repair_advice, write_split)
+                                  prepare_command, read_classes, read_manifest, repair_advice, write_split)
 from speedrun.errors import counted, print_line, warn
 from speedrun.paths import data_root, make_folder, user_path
 from speedrun.recipes.imagenet.config import ImagenetConfig
@@ -53,10 +53,19 @@ class ShardData:
     num_eval: int
     mean_t: torch.Tensor
     std_t: torch.Tensor
+    content: str = ""  # fingerprint()'s answer, made when the folder is opened (_open_prepared)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    def fingerprint(self) -> str:
+        """What this prepared data set is, wherever its folder lies: "sha256:<hex>" over the class names, each read
+        split's index (shard, offset, size, label per sample) and the manifest's SHA-256 of every shard of those
+        splits (prepare records them as it writes). Hashing the shards themselves would read the whole data set
+        (ImageNet's are 140 GB): a change that keeps every image's byte size is seen only through the manifest's
+        checksums, so a folder without them (not prepared by speedrun) is told apart by its index alone."""
+        return self.content
 
 
 def load_data(dataset: str, *, data_dir=None, image_size=None, log=print_line, smoke: bool = False) -> ShardData:
@@ -106,9 +115,16 @@ def _open_prepared(root: Path, name: str) -> ShardData:
         raise ValueError(f"{root} needs a train split and a val or test split (train-index.npy, "
                          f"val-index.npy; {said}); prepare a folder with train/ and val/ (or test/)")
     counts = []
+    content = hashlib.sha256(json.dumps({"classes": list(classes)}).encode())
+    recorded = (read_manifest(root) or {}).get("splits")
     for split in ("train", evals[0]):
         with Shards(root, split) as shards:  # the index only (checked against the shards); nothing decoded
             labels = shards.index[:, 3]
+            content.update(split.encode() + np.ascontiguousarray(shards.index, dtype="<i8").tobytes())
+        entry = recorded.get(split) if isinstance(recorded, dict) else None
+        table = entry.get("shard_files") if isinstance(entry, dict) else None
+        content.update(json.dumps([t.get("sha256") for t in table if isinstance(t, dict)]
+                                  if isinstance(table, list) else None).encode())
         if len(labels) == 0:  # before training: no steps to take, or an accuracy of 0 / 0
             raise ValueError(f"{root}: the {split} split has no images; prepare a folder whose "
                              f"{split}/ holds images")
@@ -120,7 +136,8 @@ def _open_prepared(root: Path, name: str) -> ShardData:
         counts.append(len(labels))
     return ShardData(name=name, root=str(root), train_split="train",
                      eval_split=evals[0], classes=classes, num_train=counts[0], num_eval=counts[1],
-                     mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD))
+                     mean_t=torch.tensor(IMAGENET_MEAN), std_t=torch.tensor(IMAGENET_STD),
+                     content="sha256:" + content.hexdigest())
 
 
 def _check_every_class_trains(root: Path, labels: np.ndarray, classes: tuple[str, ...]) -> None:
@@ -277,6 +294,21 @@ def check(cfg: ImagenetConfig, data: ShardData, device: torch.device, world: dis
         warnings.append(f"batch_size {cfg.batch_size} is larger than the {data.num_train} training images: every "
                         "step repeats images; lower batch_size (--set batch_size=...)")
     return warnings
+
+
+# ImageNet-1k (ILSVRC-2012) as published: its 1,000 synsets (SHA-256 of their wnids sorted, one per line) and its
+# split sizes, 1,281,167 training and 50,000 validation images (Russakovsky et al., IJCV 2015).
+IMAGENET_1K_SYNSETS_SHA256 = "385e0240499426c022b773be1ae4da780f057b89c9694c7f47199f62746b6edd"
+IMAGENET_1K_SIZES = (1_281_167, 50_000)
+
+
+def own_data(named: str, dataset: str, data: ShardData) -> bool:
+    """ImageNet-1k, the data set FFCV's targets were measured on (the imagenet recipes name no default): shards
+    whose classes are its 1,000 synsets and whose train and evaluation splits have its sizes. Other shards (a
+    subset, CIFAR prepared as shards) train the same recipes, but a target measured on ImageNet says nothing of
+    them."""
+    synsets = hashlib.sha256("\n".join(sorted(data.classes)).encode()).hexdigest()
+    return synsets == IMAGENET_1K_SYNSETS_SHA256 and (data.num_train, data.num_eval) == IMAGENET_1K_SIZES
 
 
 def data_signature(data: ShardData) -> dict:

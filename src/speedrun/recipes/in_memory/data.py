@@ -90,6 +90,13 @@ def notes(cfg: InMemoryConfig, data: Dataset, smoke: bool = False) -> list[str]:
                      table_evaluations=math.floor(cfg.epochs) if cfg.eval_each_epoch else 0)
 
 
+def own_data(named: str, dataset: str, data: Dataset) -> bool:
+    """The published data set `named` (cifar10): loaded by that name, downloaded with its published checksums or
+    a --data-dir copy that matches them (not Dataset.unofficial). A folder or archive given by its path is not:
+    nothing checks it against the published files, and a re-encoded copy (JPEG) scores points below them."""
+    return bool(named) and dataset.strip().lower() == named.lower() and not data.unofficial
+
+
 def data_signature(data: Dataset) -> dict:
     """What a checkpoint must have been trained on to be resumed with this data: sizes, and a SHA-256 of every
     image and label (the same counts of other images must not pass; 0.1 s for CIFAR-10's 184 MB)."""
