@@ -144,6 +144,8 @@ def test_the_recipe_s_own_data_set_is_the_published_one_by_name():
     ({"data": {"name": "n", "fingerprint": "md5:0"}}, None, "a", ("train", "n", None, None)),
     ({"data": ["n"]}, None, None, ("train", None, None, None)),
     ([], 3, 3, ("train", None, None, None)),
+    ({"smoke_test": 1}, "speedrun train --smoke", "a", ("smoke", "a", None, None)),
+    ({"smoke_test": 0}, None, "a", ("train", "a", None, None)),
 ])
 def test_identity_takes_what_a_result_says_only_in_its_form(result, command, dataset, expected):
     assert db.identity(result, command, dataset) == expected
@@ -217,3 +219,101 @@ def test_an_upgrade_killed_midway_leaves_the_database_as_it_was(tmp_path):
     assert _dump(path) == before
     with contextlib.closing(db.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 3 and len(db.query(conn)) == 2
+
+
+def test_an_upgrade_reads_rows_whose_text_is_not_utf8(tmp_path):
+    """A version 2 row holding bytes that are not UTF-8 (SQLite keeps what it was given) is read as every read
+    decodes it (U+FFFD), not a reason to refuse the whole database."""
+    path = tmp_path / "v2.db"
+    with contextlib.closing(sqlite3.connect(path)) as raw, raw:
+        for script in db.MIGRATIONS[:2]:
+            for statement in filter(str.strip, script.replace("speedrun_sha256(json)", "NULL").split(";\n")):
+                raw.execute(statement)
+        raw.execute("INSERT INTO results (created_utc, recipe, dataset, device, command, n, json, sha256) VALUES "
+                    "('2026-01-01T00:00:00+00:00', 'cifar10-94', CAST(X'2F64617461FF' AS TEXT), 'cpu', "
+                    "CAST(X'7472FF' AS TEXT), 1, CAST(X'7B2278223AFF7D' AS TEXT), 'x')")
+        raw.execute("PRAGMA user_version = 2")
+    with contextlib.closing(db.connect(path)) as conn:
+        (row,) = db.query(conn)
+    assert row["kind"] == "train" and row["dataset_name"] == "data\ufffd" and row["target"] is None
+
+
+def test_rows_from_before_fingerprints_join_the_one_board_of_their_name(tmp_path):
+    from test_db import make_result
+
+    conn = db.connect(tmp_path / "r.db")
+    fingerprint = "sha256:" + "ab" * 32
+    db.insert_result(conn, make_result(0, dataset="cifar10"))  # an old file: no "data", the named data set
+    db.insert_result(conn, make_result(1, dataset="cifar10", target=0.94,
+                                       data={"name": "cifar10", "fingerprint": fingerprint}))
+    other = "sha256:" + "cd" * 32  # another data set that happens to be called cifar10, with the user's target
+    db.insert_result(conn, make_result(2, dataset="/x/cifar10", target=0.94,
+                                       data={"name": "cifar10", "fingerprint": other}))
+    boards = queries.leaderboards(conn)
+    assert sorted(len(b["rows"]) for b in boards) == [1, 1, 1]  # two fingerprints: the old row cannot tell which
+    assert {queries.board_name(b) for b in boards} == {
+        "cifar10 [data abababababab] (cifar family)", "cifar10 [data cdcdcdcdcdcd] (cifar family)",
+        "cifar10 [data not fingerprinted] (cifar family)"}
+    conn.execute("DELETE FROM results WHERE dataset = '/x/cifar10'")
+    (board,) = queries.leaderboards(conn)
+    assert len(board["rows"]) == 2 and board["fingerprint"] == fingerprint
+    assert queries.board_name(board) == "cifar10 (cifar family)"
+
+
+def test_where_no_target_applies_no_run_reached_it(tmp_path, tiny):
+    from test_db import make_result
+
+    conn = db.connect(tmp_path / "r.db")
+    db.insert_result(conn, make_result(0))  # on cifar10-jpeg by its path: no target
+    (row,) = db.query(conn)
+    assert row["target"] is None and row["hit_rate"] is None
+
+
+def test_a_cache_written_for_a_path_does_not_make_a_copy_official(tmp_path):
+    """The same CIFAR batches, first given as a path (no check against the published files), then as
+    --data-dir of the named data set: the second is checked, and found not to be the published files."""
+    import pickle
+
+    from speedrun.data.sources import load_dataset
+
+    batches = tmp_path / "copy" / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in (("data_batch_1", 10), ("data_batch_2", 10), ("test_batch", 4)):
+        (batches / name).write_bytes(pickle.dumps({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                                                   b"labels": [i % 10 for i in range(n)]}, protocol=4))
+    (batches / "batches.meta").write_bytes(pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}))
+    by_path = load_dataset(str(batches), cache_dir=tmp_path / "cache")
+    assert by_path.unofficial == ""
+    with pytest.warns(Warning, match="not the published cifar10"):
+        named = load_dataset("cifar10", data_dir=tmp_path / "copy", cache_dir=tmp_path / "cache")
+    assert named.unofficial and named.fingerprint() == by_path.fingerprint()
+
+
+def test_an_image_folder_is_hashed_once_per_load(tmp_path, monkeypatch):
+    from speedrun.data import cache
+    from speedrun.data import dataset as dataset_module
+    from speedrun.data.sources import load_dataset
+
+    _folder(tmp_path / "pets")
+    calls = []
+    real = dataset_module.content_fingerprint
+    for module in (dataset_module, cache):
+        monkeypatch.setattr(module, "content_fingerprint", lambda *a: calls.append(1) or real(*a))
+    for _ in ("built", "from the cache"):
+        calls.clear()
+        load_dataset(str(tmp_path / "pets"), cache_dir=tmp_path / "cache").fingerprint()
+        assert len(calls) == 1
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("--dataset C:\\Users\\bob\\cifar10 --x 1", "--dataset …\\cifar10 --x 1"),
+    ("\\\\server\\share\\bob\\data", "…\\data"),
+    ("file://localhost/home/bob/x", "file://…/x"),
+    ("@/home/bob/args.txt", "@…/args.txt"),
+    ("a\u00a0/home/bob/x", "a\u00a0…/x"),
+])
+def test_machine_paths_of_other_forms_are_not_shown(text, shown):
+    from speedrun.report.portable import portable_paths
+
+    assert portable_paths(text) == shown == portable_paths(shown)

@@ -379,6 +379,8 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
     """The dataset in `found`, named `name`. published: the named dataset these files stand for (a data_dir copy),
     whose published files they are checked against (_unpublished: Dataset.unofficial)."""
     source_id = f"{name}@{found.path.resolve()}"
+    if published is not None:  # checked against the published files: Dataset.unofficial is in this cache file alone
+        source_id += f"@as-published-{published.kind}"
     shown = str(found.path)
     if found.kind == "folder":
         listing = folder.list_images(found.path)
@@ -400,8 +402,8 @@ def _load_found(found: _Found, cache_root: Path, log: Log, *, name: str, classes
 
         # What the listing found is said each time, the cache's copy included: it holds only the pixels.
         ds = cached(cache_path(cache_root, name, source_id, content), build, log, source=shown)
-        return replace(ds, test_from="" if listing.test_folder == "test" else f"{listing.test_folder}/",
-                       left_out=listing.left_out.text())
+        return ds.noted(test_from="" if listing.test_folder == "test" else f"{listing.test_folder}/",
+                        left_out=listing.left_out.text())
     else:
         content = fingerprint_files(found.files)
 

@@ -82,8 +82,11 @@ CREATE TABLE reports (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, created_utc TE
     # keeps the path or name as typed, the row's source) and the target that applies there; rows backfilled by
     # identity(), as a new row is filled, so a migrated row equals a fresh one.
     "".join(f"ALTER TABLE results ADD COLUMN {column} {sql_type};\n" for column, sql_type in V3_COLUMNS)
-    + "UPDATE results SET " + ", ".join(f"{column} = speedrun_identity(json, command, dataset, {i})"
-                                        for i, (column, _) in enumerate(V3_COLUMNS)) + """;
+    # As BLOBs: SQLite hands a function TEXT that is not UTF-8 as an error; _identity_column decodes as reads do.
+    + "UPDATE results SET " + ", ".join(
+        f"{column} = speedrun_identity(CAST(json AS BLOB), CAST(command AS BLOB), CAST(dataset AS BLOB), {i})"
+        for i, (column, _) in enumerate(V3_COLUMNS)) + """;
+UPDATE results SET hit_rate = NULL WHERE target IS NULL;
 CREATE INDEX results_data ON results (dataset_fingerprint, dataset_name);
 CREATE INDEX results_kind ON results (kind);
 """,
@@ -550,8 +553,9 @@ def _checked(result: dict, source: str | None) -> _Checked:
         # its writer's word (a file edited to say n=50 beside one run), and the runs were just checked.
         summary = runs_summary(result)
         row.update(n=summary["n"], mean_accuracy=summary["mean_accuracy"], std_accuracy=summary["std_accuracy"],
-                   hit_rate=summary["hit_rate"], mean_seconds=summary["mean_seconds"],
-                   std_seconds=summary["std_seconds"])
+                   mean_seconds=summary["mean_seconds"], std_seconds=summary["std_seconds"],
+                   # no target applies on this data: no run "reached" one (migration 3's rule for older rows too)
+                   hit_rate=None if row["target"] is None else summary["hit_rate"])
         _at(result, "cost.timed_usd_per_run", OPT_NUM)  # read by _DERIVED: a number or nothing
         for i, run in enumerate(_at(result, "runs", (list,))):
             history = _at(_at(run, "", (dict,), f"runs[{i}]"), "history", (list, type(None)), f"runs[{i}].history")
@@ -647,8 +651,9 @@ def identity(result, command: str | None, dataset: str | None) -> tuple:
     so that a migration never stops on one."""
     result = result if isinstance(result, dict) else {}
     command = command if isinstance(command, str) else None
-    kind = result.get("kind")
-    kind = "smoke" if result.get("smoke_test") is True else kind if kind in KINDS else result_kind(command, False)
+    kind, smoke = result.get("kind"), result.get("smoke_test")
+    smoke = smoke is True or isinstance(smoke, (int, float)) and not isinstance(smoke, bool) and smoke != 0
+    kind = "smoke" if smoke else kind if kind in KINDS else result_kind(command, False)
     data = result.get("data") if isinstance(result.get("data"), dict) else {}
     name = data.get("name")
     name = name if isinstance(name, str) and name.strip() else dataset_name(dataset)
@@ -687,8 +692,14 @@ def _parsed(text) -> dict | None:
 
 
 def _identity_column(text, command, dataset, column: int):
-    """speedrun_identity(json, command, dataset, i): migration 3's backfill, identity()'s column i."""
-    return identity(_parsed(text), command, dataset)[column]
+    """speedrun_identity(json, command, dataset, i): migration 3's backfill, identity()'s column i, from BLOBs
+    decoded as every read decodes them (_text: bytes that are not UTF-8 become U+FFFD). Never raises: SQLite would
+    stop the upgrade on one row, and every command would refuse the database."""
+    try:
+        text, command, dataset = (_text(v) if isinstance(v, bytes) else v for v in (text, command, dataset))
+        return identity(_parsed(text), command, dataset)[column]
+    except Exception:  # noqa: BLE001  # a row edited by hand: its columns stay empty, as identity() leaves them
+        return None
 
 
 def query_reports(conn: sqlite3.Connection, kind: str | None = None) -> list[dict]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 
 # Where a path may begin: the start of the text, or after a character that ends a shell word or begins a value:
 # `--out=/x`, `PYTHONPATH=a:/x`, `'/x y'`, `(/x)`. After anything else a "/" is inside a word: a relative path
 # (`../a/b`, `~/a`), a URL's path (`http://h/a`), a fraction (`1/2`), a closing tag (`</td>`).
-_STARTS = frozenset(" \t\n\r\f\v'\"`=:,;|&([{")
+_STARTS = frozenset(" \t\n\r\f\v'\"`=:,;|&([{@+")  # and any other whitespace (a no-break space, ...)
 # Where a path outside quotes ends: the shell's word and list separators, quotes, brackets, and the separators of
 # path lists and option values (`a:/x:/y`, `--models /a,/b`). A backslash escapes the next character (`/a\ b`).
 _ENDS = frozenset(" \t\n\r\f\v'\"`:,;|&()[]{}<>")
@@ -33,7 +34,8 @@ def portable_paths(value, root: str | os.PathLike | None = None) -> str:
     `root` or lies under it, the path relative to it ("." for `root` itself). A path in quotes that open its shell
     word (`'/my data/x'`, `'--out=/a b'`) runs to the closing quote; `file:///x` and `sqlite:////x` hold the local
     path /x. Applied twice, the text does not change again."""
-    text = "" if value is None else str(value)
+    text = _WINDOWS.sub(lambda m: f"{ELLIPSIS}\\{m.group(1)}", "" if value is None else str(value))
+    text = text.replace("file://localhost/", "file:///")  # RFC 8089: the same local path
     if "/" not in text:
         return text
     base = None
@@ -51,6 +53,11 @@ def portable_paths(value, root: str | os.PathLike | None = None) -> str:
         out += [text[i:start], _shown(text[start:end], base)]
         i = end
     return "".join(out)
+
+
+# A Windows path, drive (C:\x) or network share (\\host\share\x), that begins a word: shown by its last
+# component alone, as a POSIX one is. The part before "\" ends at what ends a word (_ENDS, but not ":").
+_WINDOWS = re.compile(r"(?<![\w\\])(?:[A-Za-z]:\\|\\\\)(?:[^\s'\"`,;|&()\[\]{}<>]*\\)?([^\s'\"`,;|&()\[\]{}<>\\]*)")
 
 
 def _slash_run_end(text: str, i: int) -> int:
@@ -71,7 +78,7 @@ def _path_start(text: str, i: int) -> int | None:
     if end == len(text) or text[end] in _ENDS:
         return None  # "/" alone, "cd /", "a / b"
     before = text[i - 1] if i > 0 else " "
-    if before not in _STARTS:
+    if before not in _STARTS and not before.isspace():
         return None
     if before != ":" or end - i == 1:
         return i

@@ -107,6 +107,18 @@ def data_key(row: dict) -> str:
     return clip_text(row["fingerprint"] or f"name:{row['dataset']}", 300)
 
 
+def _join_unfingerprinted(groups: dict[tuple, list[dict]]) -> None:
+    """Rows stored before speedrun fingerprinted data (grouped by name, data_key "name:...") join the one board
+    of the same name, family and target that fingerprinted rows make, where there is exactly one: `cifar10`
+    measured before and after is one leaderboard. Where several data sets share that name, they stay apart."""
+    for key in [k for k in groups if k[0].startswith("name:")]:
+        name = key[0][len("name:"):]
+        matches = [k for k in groups if not k[0].startswith("name:") and k[1:] == key[1:]
+                   and any(r["dataset"] == name for r in groups[k])]
+        if len(matches) == 1:
+            groups[matches[0]] += groups.pop(key)
+
+
 def is_synthetic(dataset) -> bool:
     """Random images and labels, by data/sources.py's rule (`synthetic` or `synthetic:key=val,...`): a result there
     measures speed only; its accuracy is chance."""
@@ -115,10 +127,15 @@ def is_synthetic(dataset) -> bool:
 
 
 def board_name(board: dict) -> str:
-    """"../data/cifar10 (cifar family)", "... (cifar family, network mobile_net:build)" for the user's network:
-    what a leaderboard and its charts are about."""
+    """"cifar10 (cifar family)", "... (cifar family, network mobile_net:build)" for the user's network, with the
+    data's fingerprint where two boards' data sets share a name: what a leaderboard and its charts are about."""
     family, _, network = board["family"].partition(", network ")
-    return f"{clip_text(board['dataset'], 200)} ({family} family{f', network {network}' if network else ''})"
+    data = clip_text(board["dataset"], 200)
+    if board.get("same_name"):  # two data sets of one name: which is which
+        fingerprint = board.get("fingerprint")
+        data += f" [data {clip_text(fingerprint[7:19], 12)}]" if isinstance(fingerprint, str) else \
+            " [data not fingerprinted]"
+    return f"{data} ({family} family{f', network {network}' if network else ''})"
 
 
 # What an instrument's stored setting is, by the instrument that stored it (db.result_kind); any other: a bench's
@@ -186,6 +203,7 @@ def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: fl
             family = family_of(row["recipe"]) + (f", network {network}" if network else "")
             key = (data_key(row), family, None if synthetic else row["target"])
             groups.setdefault(key, []).append(row)
+    _join_unfingerprinted(groups)
     boards = []
     for (_, family, target), rows in groups.items():
         def rank(r):
@@ -196,9 +214,13 @@ def leaderboards(conn: sqlite3.Connection, *, synthetic: bool = False, alpha: fl
             return not reached, seconds if reached else -r["accuracy"], r["id"]
         ranked = sorted(rows, key=rank)
         newest = max(rows, key=lambda r: (r["date"], r["id"]))  # a copy may carry another folder's name
-        boards.append({"dataset": clip_text(newest["dataset"], 300), "fingerprint": newest["fingerprint"],
+        fingerprint = next((r["fingerprint"] for r in rows if r["fingerprint"]), None)  # old rows have none
+        boards.append({"dataset": clip_text(newest["dataset"], 300), "fingerprint": fingerprint,
                        "family": family, "target": target, "alpha": alpha, "rows": ranked})
     boards.sort(key=lambda b: (b["dataset"], b["family"], b["target"] or 0, b["fingerprint"] or ""))
+    names = [(b["dataset"], b["family"]) for b in boards]
+    for board, name in zip(boards, names):
+        board["same_name"] = names.count(name) > 1  # board_name then tells them apart by fingerprint
     if len(boards) > MAX_BOARDS:
         boards = boards[:MAX_BOARDS]
         boards[-1]["more"] = len(groups) - MAX_BOARDS
@@ -270,13 +292,22 @@ def newest_reports(conn: sqlite3.Connection, kinds: tuple[str, ...], left_out: l
         partial = report.get("complete") is not True or report.get("interrupted") is True
         if key not in chosen or (chosen[key]["_partial"] and not partial):
             chosen[key] = {**report, "_id": id_, "_date": clip_text(date, 40), "_partial": partial}
-    if left_out is not None:
-        left_out += problems[:MAX_LEFT_OUT]
-        if len(problems) > MAX_LEFT_OUT:
-            left_out.append(f"{counted(len(problems) - MAX_LEFT_OUT, 'more report')} could not be drawn")
-        if len(chosen) > MAX_REPORTS:
-            left_out.append(f"{counted(len(chosen) - MAX_REPORTS, 'more report')} not drawn: at most {MAX_REPORTS} are")
+    note_left_out(left_out, problems, len(chosen), MAX_REPORTS, "report", ("could not be drawn", "not drawn"))
     return list(chosen.values())[:MAX_REPORTS]
+
+
+def note_left_out(left_out: list[str] | None, problems: list[str], found: int, most: int, noun: str,
+                  verbs: tuple[str, str]) -> None:
+    """Add to `left_out` (None: nobody asks) the sentences on what a page leaves out: the first MAX_LEFT_OUT
+    `problems` and a count of the rest (verbs[0]: "could not be drawn"), and, of `found` that can be drawn, how many
+    are past the page's `most` (verbs[1]: "not drawn")."""
+    if left_out is None:
+        return
+    left_out += problems[:MAX_LEFT_OUT]
+    if len(problems) > MAX_LEFT_OUT:
+        left_out.append(f"{counted(len(problems) - MAX_LEFT_OUT, f'more {noun}')} {verbs[0]}")
+    if found > most:
+        left_out.append(f"{counted(found - most, f'more {noun}')} {verbs[1]}: at most {most} are")
 
 
 # The list each kind of report draws, and its rows: a report whose list holds no row that can be drawn is named.

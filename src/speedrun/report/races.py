@@ -18,7 +18,7 @@ from speedrun.errors import counted
 from speedrun.records.stats import interval_text, signed_text
 from speedrun.report.charts import finite
 from speedrun.report.portable import portable_paths
-from speedrun.report.queries import MAX_LEFT_OUT, MAX_REPORT_CHARS, clip_text
+from speedrun.report.queries import MAX_REPORT_CHARS, clip_text, note_left_out
 
 KIND = "vs_airbench"
 ANCHOR = "airbench94"
@@ -127,12 +127,7 @@ def race_rows(conn: sqlite3.Connection, left_out: list[str] | None = None) -> li
             problems.append(f"race #{id_} ({clip_text(date, 40)[:10]}) is not shown: {why}")
     # stable: within each group the order read, newest first
     rows.sort(key=lambda r: (r["on_cpu"], r["schedule"] != "full", -min(r["n_ours"], r["n_anchor"])))
-    if left_out is not None:
-        left_out += problems[:MAX_LEFT_OUT]
-        if len(problems) > MAX_LEFT_OUT:
-            left_out.append(f"{counted(len(problems) - MAX_LEFT_OUT, 'more race')} not shown")
-        if len(rows) > MAX_RACES:
-            left_out.append(f"{counted(len(rows) - MAX_RACES, 'more race')} not shown: at most {MAX_RACES} are")
+    note_left_out(left_out, problems, len(rows), MAX_RACES, "race", ("not shown", "not shown"))
     return rows[:MAX_RACES]
 
 

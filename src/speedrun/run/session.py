@@ -102,8 +102,11 @@ class Result:
 
     @property
     def hit_rate(self) -> float | None:
-        """Share of finished runs reaching the recipe's target accuracy."""
-        return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished) if self.finished else None
+        """Share of finished runs reaching the recipe's target accuracy; None where it does not apply (target_applies)
+        or no run finished."""
+        if not self.finished or not self.target_applies:
+            return None
+        return sum(a >= self.target_accuracy for a in self.accuracies) / len(self.finished)
 
     def record(self) -> dict | None:
         """The records rule on every run: {"reached", "p", "threshold", "n", "diverged", "test"}; reached only when
@@ -187,7 +190,8 @@ class Result:
                    price=price, flops=run_flops, precision=get("precision", (str,)), settings=get("settings", (dict,)),
                    recorded_mfu=recorded_mfu, record_p=record_alpha(),  # re-judged at the reader's threshold
                    kind=get("kind", (str,), "train"), data=get("data", (dict,)),
-                   target_applies=d.get("target", d.get("target_accuracy", 0)) is not None)
+                   # a file written before "target" was recorded: the rule it was written under (db.identity)
+                   target_applies=results_db.identity(d, d.get("command"), d.get("dataset"))[3] is not None)
 
     def to_dict(self) -> dict:
         acc = summarize(self.accuracies, FRACTION).to_dict() if self.finished else None
