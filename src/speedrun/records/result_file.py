@@ -21,6 +21,7 @@ import numpy as np
 from speedrun.errors import clip
 from speedrun.paths import check_file_name, check_writable, folder_trouble, make_dirs, user_path
 from speedrun.records.stats import summarize
+from speedrun.records.typed_files import SWEEP_REPORT, TRAIN_RESULT, FinishedRun, checked
 
 
 def _to_json(obj):
@@ -354,112 +355,48 @@ def load_result(path: str | Path) -> dict:
     return parse_result(text, str(path))
 
 
-# What a finished run's value may be: accuracy a fraction, timed seconds up to ten years.
-RUN_RANGES = {"accuracy": (0.0, 1.0), "train_seconds": (0.0, 3.2e8)}
-
-
 def check_train_result(result: dict) -> dict:
     """`result` when it is a training result whose runs can be compared and stored; else a ValueError saying what is
     wrong (the reason alone: the caller names the file or stored id, and the fix).
 
     Every reader of a training result's runs takes them through this one check: `speedrun results import` and every
-    insert into the database, and `speedrun compare` of a file or a stored id. A run is a dict whose "diverged" is
-    null (or absent, as before divergence was recorded) or a dict; a finished run has an accuracy in [0, 1] and
-    timed seconds in [0, 3.2e8] (ten years), as finite numbers; seed and steps are integers or null. The summary a
-    result states (n, mean_accuracy ...) is not checked here: whoever ranks or stores it takes runs_summary."""
-    if not isinstance(result, dict):
-        raise ValueError(f"a result is a JSON object, found {type(result).__name__}")
-    if "benchmark" in result:
-        raise ValueError(f"a {str(result['benchmark'])[:40]!r} report, not a training result (no runs of its own)")
-    runs = result.get("runs")
-    if not isinstance(runs, list):
-        raise ValueError(f"'runs' is {type(runs).__name__}, not a list of runs; not a training result")
-    for i, run in enumerate(runs):
-        if not isinstance(run, dict) or not isinstance(run.get("diverged"), (dict, type(None))):
-            raise ValueError(f"run {i + 1} is not a run record (a dict whose 'diverged' is null or a dict)")
-        for key in ("seed", "steps"):
-            value = run.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not -2**63 <= value < 2**63):
-                raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not an integer")
-        if run.get("diverged") is not None:  # a diverged run has no accuracy or time
-            continue
-        for key, (low, high) in RUN_RANGES.items():
-            value = run.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ValueError(f"run {i + 1} has {key}={value!r:.40}, not a number in [{low:g}, {high:g}]")
+    insert into the database, and `speedrun compare` of a file or a stored id. What a run must be is typed_files.py's
+    TrainResult: a dict whose "diverged" is null (or absent, as before divergence was recorded) or a dict; a finished
+    run has an accuracy in [0, 1] and timed seconds in [0, 3.2e8] (ten years), as finite numbers; seed and steps are
+    integers or null. The summary a result states (n, mean_accuracy ...) is not checked here: whoever ranks or
+    stores it takes runs_summary."""
+    checked(TRAIN_RESULT, result)
     return result
-
-
-# A sweep trial's objective value: its mean accuracy (a fraction), or for the time objective its mean seconds, plus a
-# penalty of about 1e6 s times (1 + shortfall) where it missed the target (instruments/sweep.py): far below this.
-MAX_SWEEP_TIME_VALUE = 1e10
 
 
 def check_sweep_report(report: dict) -> dict:
     """`report` when it is a sweep report (instruments/sweep.py) whose trials can be drawn as stored; else a
-    ValueError naming the field and what it holds (the caller names the file or stored id). The report's study
-    section draws what a trial states, so an impossible one (an accuracy of 1e308, an interval past the mean's
-    range) would be drawn as "inf%" or take the chart with it: objective "accuracy" or "time"; trials a list and
-    best null or one trial, each a dict with a non-negative integer number, a state, params a dict, n a
-    non-negative integer or null, p in [0, 1], mean and each end of ci95 ([low, high], low <= high) in [0, 1] for
-    accuracy or in [0, 3.2e8] seconds for time (RUN_RANGES), value in [0, 1], or [0, MAX_SWEEP_TIME_VALUE]."""
-    objective = report.get("objective")
-    if objective not in ("accuracy", "time"):
-        raise ValueError(f"sweep report field 'objective' is {objective!r:.40}, not 'accuracy' or 'time'")
-    trials = report.get("trials")
-    if not isinstance(trials, list):
-        raise ValueError(f"sweep report field 'trials' is {type(trials).__name__}, not a list of trials")
-    low, high = RUN_RANGES["accuracy" if objective == "accuracy" else "train_seconds"]
-    ranges = {"mean": (low, high), "value": (0.0, 1.0 if objective == "accuracy" else MAX_SWEEP_TIME_VALUE),
-              "p": (0.0, 1.0)}
-    best = report.get("best")
-    for where, trial in [*((f"trials[{i}]", t) for i, t in enumerate(trials)),
-                         *([] if best is None else [("best", best)])]:
-        if not isinstance(trial, dict):
-            raise ValueError(f"sweep report field {where!r} is {type(trial).__name__}, not a trial (a dict)")
-        number, n, ci = trial.get("number"), trial.get("n"), trial.get("ci95")
-        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 2**63:
-            raise ValueError(f"sweep report field '{where}.number' is {number!r:.40}, not a trial number (an "
-                             "integer >= 0)")
-        if not isinstance(trial.get("state"), str) or not isinstance(trial.get("params", {}), dict):
-            raise ValueError(f"sweep report field {where!r} has no state (text) or params (a dict) of a trial")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**63):
-            raise ValueError(f"sweep report field '{where}.n' is {n!r:.40}, not a count of runs")
-        for key, (least, most) in ranges.items():
-            value = trial.get(key)
-            if value is not None and (not _is_number(value) or not least <= value <= most):
-                raise ValueError(f"sweep report field '{where}.{key}' is {value!r:.40}, not a number in "
-                                 f"[{least:g}, {most:g}] ({objective} objective)")
-        if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(
-                _is_number(end) and low <= end <= high for end in ci) and ci[0] <= ci[1]):
-            raise ValueError(f"sweep report field '{where}.ci95' is {ci!r:.60}, not an interval [low, high] in "
-                             f"[{low:g}, {high:g}] ({objective} objective)")
+    ValueError naming the field and what it holds (the caller names the file or stored id). What a trial must be
+    is typed_files.py's SWEEP_REPORT: objective "accuracy" or "time"; trials a list and best null or one trial, each
+    a dict with a non-negative integer number, a state, params a dict, n a non-negative integer or null, p in
+    [0, 1], mean and each end of ci95 ([low, high], low <= high) in [0, 1] for accuracy or in [0, 3.2e8] seconds for
+    time (RUN_RANGES), value in [0, 1], or [0, MAX_SWEEP_TIME_VALUE]."""
+    checked(SWEEP_REPORT, report)
     return report
 
 
 def runs_summary(result: dict) -> dict:
-    """The summary of a checked training result (check_train_result) as its finished runs give it, whatever the
-    result states: {"n", "mean_accuracy", "std_accuracy", "hit_rate", "mean_seconds", "std_seconds"} (None where
-    the runs give none: no finished run, one run's std, no target_accuracy). The database stores these as a row's
-    columns, which the leaderboard ranks and judges by the records rule: a file stating n=50 and mean 0.99 beside
-    one run at 0.5 must not rank as a record."""
-    finished = [run for run in result["runs"] if run.get("diverged") is None]
+    """The summary of a training result (check_train_result's ValueError where it is none) as its finished runs give
+    it, whatever the result states: {"n", "mean_accuracy", "std_accuracy", "hit_rate", "mean_seconds",
+    "std_seconds"} (None where the runs give none: no finished run, one run's std, no target_accuracy). The database
+    stores these as a row's columns, which the leaderboard ranks and judges by the records rule: a file stating n=50
+    and mean 0.99 beside one run at 0.5 must not rank as a record."""
+    typed = checked(TRAIN_RESULT, result)
+    finished = [run for run in typed.runs if isinstance(run, FinishedRun)]
     n = len(finished)
-    accuracy = [run["accuracy"] for run in finished]
+    accuracy = [run.accuracy for run in finished]
     if not n:
         return {"n": 0, "mean_accuracy": None, "std_accuracy": None, "hit_rate": None, "mean_seconds": None,
                 "std_seconds": None}
     acc = summarize(accuracy)  # the sample std (ddof=1); None for one run
-    secs = summarize([run["train_seconds"] for run in finished])
-    target = result.get("target_accuracy")
-    if not _is_number(target):  # older results hold it in their config only
-        config = result.get("config")
-        target = config.get("target_accuracy") if isinstance(config, dict) else None
-    hits = sum(a >= target for a in accuracy) / n if _is_number(target) else None
+    secs = summarize([run.train_seconds for run in finished])
+    in_config = None if typed.config is None else typed.config.target_accuracy  # where older results hold it
+    target = in_config if typed.target_accuracy is None else typed.target_accuracy
+    hits = sum(a >= target for a in accuracy) / n if target is not None else None
     return {"n": n, "mean_accuracy": acc.mean, "std_accuracy": acc.std, "hit_rate": hits, "mean_seconds": secs.mean,
             "std_seconds": secs.std}
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

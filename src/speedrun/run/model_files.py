@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import math
 import os
 import reprlib
 import shutil
@@ -27,11 +26,12 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, Callable
 
 import safetensors
 import safetensors.torch
 import torch
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, TypeAdapter, ValidationInfo, field_validator
 
 from speedrun._version import __version__
 from speedrun.config import apply_overrides
@@ -39,6 +39,7 @@ from speedrun.data import limits
 from speedrun.errors import clip
 from speedrun.paths import make_dirs
 from speedrun.recipes import RECIPES
+from speedrun.records.typed_files import STRICT, Fraction, Refusal, Typed, checked, refusal
 from speedrun.tricks.tta import tta_logits
 
 MODEL_FORMAT = "speedrun-model"
@@ -76,13 +77,6 @@ class CardSpec:
     sha256: str
 
 
-def _finite(x: Any) -> bool:
-    try:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
 # A card's value as a message shows it: a few items and characters of it, each level of a nested list cut alike
 # (a hostile card's list may hold a million names, or lists 900 deep).
 _SHOWN = reprlib.Repr()
@@ -95,61 +89,147 @@ def _shown(v: Any) -> str:
     return f"{text} ({len(v):,} items)" if isinstance(v, list) and len(v) > _SHOWN.maxlist else text
 
 
-def parse_card(card: Any) -> CardSpec:
-    def need(ok: bool, why: str) -> None:
-        if not ok:
-            raise Unusable(why)
+def _printable(name: str) -> str:
+    if not name.isprintable():
+        raise ValueError("not printable")
+    return name
 
-    need(isinstance(card, dict), "it is not a JSON object")
-    need(card.get("format") == MODEL_FORMAT, f'not a speedrun model card (no "format": "{MODEL_FORMAT}")')
-    need(type(card.get("version")) is int and card["version"] == MODEL_VERSION,
-         f"card version {_shown(card.get('version'))}; speedrun {__version__} reads version {MODEL_VERSION}")
-    name = card.get("recipe")
-    need(isinstance(name, str) and name in RECIPES, f"unknown recipe {_shown(name)}; known: {', '.join(RECIPES)}")
-    recipe = RECIPES[name]
-    need(card.get("family") == recipe.family,
-         f"recipe {name} is of the {recipe.family} family, not {_shown(card.get('family'))}")
-    need(isinstance(card.get("config"), dict), "its config is not a JSON object")
-    try:
-        cfg = apply_overrides(recipe.make_config(), card["config"])
-        cfg.validate()
-    except ValueError as e:
-        raise Unusable(f"config: {e}") from None
-    classes = card.get("classes")
-    need(isinstance(classes, list) and 2 <= len(classes) <= limits.MAX_CLASSES,
-         f"classes must be a list of 2 to {limits.MAX_CLASSES:,} names, got {_shown(classes)}")
-    seen: dict[str, int] = {}
-    for i, c in enumerate(classes):
-        need(isinstance(c, str) and 0 < len(c) <= MAX_CLASS_NAME_CHARS and c.isprintable(),
-             f"class {i} is {_shown(c)}: names are printable strings of 1 to {MAX_CLASS_NAME_CHARS} characters")
-        # NFC: "é" as one code point or as e + a combining accent is one name on screen
-        first = seen.setdefault(unicodedata.normalize("NFC", c), i)
-        need(first == i, f"class {i} {_shown(c)} is class {first}'s name again (after Unicode NFC normalization): "
-                         "its predictions could not be told apart; names must be distinct")
-    shape = card.get("image_shape")
-    need(isinstance(shape, list) and len(shape) == 3 and all(type(v) is int for v in shape) and 1 <= shape[0] <= 4
-         and all(1 <= v <= limits.MAX_IMAGE_SIDE_PX for v in shape[1:]),
-         f"image_shape must be [C, H, W], C in 1..4, sides 1 to {limits.MAX_IMAGE_SIDE_PX} px; got {_shown(shape)}")
-    for key, (low, high) in (("mean", MEAN_RANGE), ("std", STD_RANGE)):
-        v = card.get(key)
+
+def _counted(classes: Any) -> Any:
+    if isinstance(classes, list) and not 2 <= len(classes) <= limits.MAX_CLASSES:
+        raise ValueError("too few or too many")
+    return classes
+
+
+def _channels(shape: list[int]) -> list[int]:
+    if not 1 <= shape[0] <= 4:
+        raise ValueError("channels not in 1..4")
+    return shape
+
+
+Side = Annotated[int, Field(ge=1, le=limits.MAX_IMAGE_SIDE_PX)]
+ClassName = Annotated[str, Field(min_length=1, max_length=MAX_CLASS_NAME_CHARS), AfterValidator(_printable)]
+
+
+class Card(BaseModel):
+    """A saved model's card, each field checked as the module's docstring says, in the order a refusal names the
+    first one wrong. `config` is given as a JSON object and read as the recipe's config with those values."""
+    model_config = STRICT
+    format: str
+    version: Annotated[int, Field(ge=MODEL_VERSION, le=MODEL_VERSION)]
+    recipe: str
+    family: str
+    config: Any
+    # counted before any name is read, and read up to the first bad one: 100,000 bad names are not 100,000 errors
+    classes: Annotated[list[ClassName], Field(fail_fast=True), BeforeValidator(_counted)]
+    image_shape: Annotated[list[Side], Field(min_length=3, max_length=3), AfterValidator(_channels)]
+    mean: Annotated[list[Annotated[float, Field(ge=MEAN_RANGE[0], le=MEAN_RANGE[1], allow_inf_nan=False)]],
+                    Field(max_length=4)]
+    std: Annotated[list[Annotated[float, Field(ge=STD_RANGE[0], le=STD_RANGE[1], allow_inf_nan=False)]],
+                   Field(max_length=4)]
+    tta_level: Annotated[int, Field(ge=0, le=2)]
+    dataset: str
+    accuracy: Fraction | None = None
+    seed: Annotated[int, Field(ge=0, lt=MAX_SEED)] | None = None
+    smoke_test: bool | None = None
+    weights_sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
+
+    @field_validator("format")
+    @classmethod
+    def _ours(cls, value: str) -> str:
+        if value != MODEL_FORMAT:
+            raise ValueError("another format")
+        return value
+
+    @field_validator("recipe")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in RECIPES:
+            raise ValueError("unknown recipe")
+        return name
+
+    @field_validator("family")
+    @classmethod
+    def _the_recipes(cls, family: str, info: ValidationInfo) -> str:
+        if "recipe" in info.data and family != RECIPES[info.data["recipe"]].family:
+            raise ValueError("another family")
+        return family
+
+    @field_validator("config")
+    @classmethod
+    def _build(cls, config: Any, info: ValidationInfo) -> Any:
+        """The recipe's config with the card's values applied, checked as --set checks them."""
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        if "recipe" not in info.data:
+            return config  # no recipe to build: the card is refused for it
+        try:
+            cfg = apply_overrides(RECIPES[info.data["recipe"]].make_config(), config)
+            cfg.validate()
+        except ValueError as e:
+            raise refusal(f"config: {e}") from None
+        return cfg
+
+    @field_validator("classes")
+    @classmethod
+    def _distinct(cls, classes: list[str]) -> list[str]:
+        seen: dict[str, int] = {}
+        for i, c in enumerate(classes):
+            # NFC: "é" as one code point or as e + a combining accent is one name on screen
+            first = seen.setdefault(unicodedata.normalize("NFC", c), i)
+            if first != i:
+                raise refusal(f"class {i} {_shown(c)} is class {first}'s name again (after Unicode NFC "
+                              "normalization): its predictions could not be told apart; names must be distinct")
+        return classes
+
+    @field_validator("mean", "std")
+    @classmethod
+    def _per_channel(cls, values: list[float], info: ValidationInfo) -> list[float]:
+        low, high = MEAN_RANGE if info.field_name == "mean" else STD_RANGE
+        if "image_shape" in info.data and len(values) != info.data["image_shape"][0]:
+            raise ValueError("not one per channel")
         # checked as float32 too, the dtype the model holds them in: its rounding must stay in the range
-        need(isinstance(v, list) and len(v) == shape[0] and all(_finite(x) and low <= x <= high for x in v)
-             and all(low <= x <= high for x in torch.tensor(v, dtype=torch.float32).tolist()),
-             f"{key} must be {shape[0]} finite numbers (one per channel{', > 0' * (key == 'std')}), each in "
-             f"[{low:g}, {high:g}] as for pixel values in [0, 1]; got {repr(v)[:80]}")
-    need(type(card.get("tta_level")) is int and card["tta_level"] in (0, 1, 2),
-         f"tta_level must be 0, 1 or 2, got {_shown(card.get('tta_level'))}")
-    need(isinstance(card.get("dataset"), str), f"dataset must be a string, got {_shown(card.get('dataset'))}")
-    need(card.get("accuracy") is None or (_finite(card["accuracy"]) and 0 <= card["accuracy"] <= 1),
-         f"accuracy must be a fraction in [0, 1] or null, got {_shown(card.get('accuracy'))}")
-    need(card.get("seed") is None or (type(card["seed"]) is int and 0 <= card["seed"] < MAX_SEED),
-         f"seed must be an integer in [0, 2**63) or null, got {_shown(card.get('seed'))}")
-    need(type(card.get("smoke_test")) in (type(None), bool),
-         f"smoke_test must be true, false or absent, got {_shown(card.get('smoke_test'))}")
-    sha = card.get("weights_sha256")
-    need(isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef"),
-         "weights_sha256 is not 64 hexadecimal digits")
-    return CardSpec(recipe.module(), cfg, classes, (shape[0], shape[1], shape[2]), card["tta_level"], sha)
+        if not all(low <= x <= high for x in torch.tensor(values, dtype=torch.float32).tolist()):
+            raise ValueError("out of range in float32")
+        return values
+
+
+def _per_channel_reason(key: str) -> Callable[[Refusal], str]:
+    low, high = MEAN_RANGE if key == "mean" else STD_RANGE
+    return lambda r: (f"{key} must be {r.data['image_shape'][0]} finite numbers (one per channel"
+                      f"{', > 0' * (key == 'std')}), each in [{low:g}, {high:g}] as for pixel values in [0, 1]; got "
+                      f"{repr(r.value)[:80]}")
+
+
+CARD: Typed[Card] = Typed(TypeAdapter(Card), {
+    "": lambda r: "it is not a JSON object",
+    "format": lambda r: f'not a speedrun model card (no "format": "{MODEL_FORMAT}")',
+    "version": lambda r: f"card version {_shown(r.value)}; speedrun {__version__} reads version {MODEL_VERSION}",
+    "recipe": lambda r: f"unknown recipe {_shown(r.value)}; known: {', '.join(RECIPES)}",
+    "family": lambda r: (f"recipe {r.data['recipe']} is of the {RECIPES[r.data['recipe']].family} family, not "
+                         f"{_shown(r.value)}"),
+    "config": lambda r: "its config is not a JSON object",
+    "classes": lambda r: f"classes must be a list of 2 to {limits.MAX_CLASSES:,} names, got {_shown(r.value)}",
+    "classes.*": lambda r: (f"class {r.at[0]} is {_shown(r.value)}: names are printable strings of 1 to "
+                            f"{MAX_CLASS_NAME_CHARS} characters"),
+    "image_shape": lambda r: (f"image_shape must be [C, H, W], C in 1..4, sides 1 to {limits.MAX_IMAGE_SIDE_PX} px; "
+                              f"got {_shown(r.value)}"),
+    "mean": _per_channel_reason("mean"), "std": _per_channel_reason("std"),
+    "tta_level": lambda r: f"tta_level must be 0, 1 or 2, got {_shown(r.value)}",
+    "dataset": lambda r: f"dataset must be a string, got {_shown(r.value)}",
+    "accuracy": lambda r: f"accuracy must be a fraction in [0, 1] or null, got {_shown(r.value)}",
+    "seed": lambda r: f"seed must be an integer in [0, 2**63) or null, got {_shown(r.value)}",
+    "smoke_test": lambda r: f"smoke_test must be true, false or absent, got {_shown(r.value)}",
+    "weights_sha256": lambda r: "weights_sha256 is not 64 hexadecimal digits",
+})
+
+
+def parse_card(card: Any) -> CardSpec:
+    """The card's fields, checked (CARD); else Unusable saying which is wrong."""
+    c = checked(CARD, card, Unusable)
+    channels, height, width = c.image_shape
+    return CardSpec(RECIPES[c.recipe].module(), c.config, c.classes, (channels, height, width), c.tta_level,
+                    c.weights_sha256)
 
 
 def expected_state(spec: CardSpec) -> dict[str, torch.Tensor]:

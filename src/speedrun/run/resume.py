@@ -26,7 +26,8 @@ from speedrun.engine.loop import RunResult
 from speedrun.errors import counted, warn
 from speedrun.paths import make_folder, user_path
 from speedrun.records import db as results_db
-from speedrun.records.result_file import RUN_RANGES, check_train_result, load_result, portable, unencodable
+from speedrun.records.result_file import check_train_result, load_result, portable
+from speedrun.records.typed_files import LOOP_STATE, RUN_RECORD, checked
 
 Found = tuple[dict, dict, Path]  # (state, meta, path)
 # Checkpoints per run when --checkpoint-every is not given (and always one at the run's last step).
@@ -265,84 +266,16 @@ def _as_json(value):
     return json.loads(json.dumps(value))
 
 
-def _number(x, low: float = 0.0, high: float = math.inf, none: bool = False) -> bool:
-    return (x is None and none) or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                    and low <= x <= high)
-
-
 def _integer(x, low: int, high: int) -> bool:
     return type(x) is int and low <= x <= high
 
 
-# A row of a run's per-epoch table, as the loops write it (engine/loop.py's last_batch_row and Steps.final, the
-# families' table_row): where it was taken, the last batch's loss and accuracy (None where a family does not
-# count it), the test accuracy (None between epochs, or with eval_each_epoch off) and the timed seconds so far;
-# imagenet's rows add the resolution of its ramp.
-_ROW_KEYS = frozenset({"epoch", "step", "train_loss", "train_acc", "val_acc", "train_seconds"})
-_ROW_EXTRA = frozenset({"res_px"})
-# Epochs a row may be at: a batch larger than the data spans several epochs a step, so a row's epoch may exceed
-# the run's; a bound against nonsense, far beyond any run.
-_MAX_ROW_EPOCH = 1e9
-_RUN_KEYS = frozenset({"seed", "accuracy", "train_seconds", "epochs", "steps", "diverged", "history"})
-_DIVERGED_KEYS = frozenset({"step", "total_steps", "loss", "lr", "message"})  # engine/loop.py's Diverged.to_dict
-
-
-def _check_row(row, steps: int) -> str | None:
-    """Why `row` is not a row of a run of `steps` steps, or None."""
-    if not isinstance(row, dict):
-        return "not a row of the per-epoch table"
-    if not _ROW_KEYS <= row.keys() <= _ROW_KEYS | _ROW_EXTRA:
-        odd = sorted(map(repr, (row.keys() - _ROW_KEYS - _ROW_EXTRA) | (_ROW_KEYS - row.keys())))
-        return f"not the per-epoch table's columns ({odd[0][:40]})"
-    def fraction(x) -> bool:
-        return _number(x, *RUN_RANGES["accuracy"], none=True)
-
-    def loss(x) -> bool:  # inf or NaN too: on CUDA the finite-loss check reads each step's loss a step late
-        return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and (math.isnan(x) or x >= 0))
-
-    checks = {"epoch": lambda x: _number(x, 0, _MAX_ROW_EPOCH), "step": lambda x: _integer(x, 0, steps),
-              "train_loss": loss, "train_acc": fraction, "val_acc": fraction,
-              "train_seconds": lambda x: _number(x, *RUN_RANGES["train_seconds"]),
-              "res_px": lambda x: _integer(x, 1, 2**20)}
-    for key, value in row.items():
-        if not checks[key](value):
-            return f"{key}={value!r:.40} out of range"
-    return None
-
-
 def _check_run(r, seed: int) -> RunResult:
     """A finished run's record (a checkpoint's, or a result file's), checked field by field as a train result's
-    runs are (records/result_file.py's check_train_result, RUN_RANGES), and every row of its history; else a
+    runs are (records/typed_files.py's RunRecord), and every row of its history, against its own steps; else a
     TypeError saying what is wrong."""
-    if not isinstance(r, dict):
-        raise TypeError("not a run record")
-    if not _RUN_KEYS - {"diverged"} <= r.keys() <= _RUN_KEYS:
-        odd = sorted(map(repr, (r.keys() - _RUN_KEYS) | (_RUN_KEYS - {"diverged"} - r.keys())))
-        raise TypeError(f"not a run record's fields ({odd[0][:40]})")
-    if type(r["seed"]) is not int or r["seed"] != seed:
-        raise TypeError(f"seed={r['seed']!r:.40}, not {seed}")
-    diverged = r.get("diverged")
-    if diverged is None:
-        ok = (_number(r["accuracy"], *RUN_RANGES["accuracy"]) and _number(r["train_seconds"],
-                                                                          *RUN_RANGES["train_seconds"]))
-    else:
-        ok = (isinstance(diverged, dict) and diverged.keys() <= _DIVERGED_KEYS and r["accuracy"] is None
-              and r["train_seconds"] is None and all(_integer(diverged.get(k, 0), 0, 2**62) for k in
-                                                     ("step", "total_steps"))
-              and all(isinstance(diverged.get(k, ""), str) and len(diverged.get(k, "")) <= 1000
-                      for k in ("loss", "message"))
-              and (diverged.get("lr") is None or isinstance(diverged["lr"], (int, float))))
-    if not (ok and _number(r["epochs"], 0, _MAX_ROW_EPOCH) and _integer(r["steps"], 0, 2**62)):
-        raise TypeError("accuracy, timed seconds, divergence, epochs or steps out of range")
-    where = unencodable(diverged)
-    if where is not None:  # the run goes into this command's result: its row would be lost at the end
-        raise TypeError(f"the string at diverged.{where} is no text UTF-8 can hold")
-    if not isinstance(r["history"], list):
-        raise TypeError("its history is not a list")
-    for j, row in enumerate(r["history"]):
-        why = _check_row(row, r["steps"])
-        if why is not None:
-            raise TypeError(f"history row {j + 1}: {why}")
+    # its rows' steps are held to its steps as it states them (which are refused first where they are no count)
+    checked(RUN_RECORD, r, TypeError, {"seed": seed, "steps": r.get("steps") if isinstance(r, dict) else None})
     return RunResult.from_dict({"diverged": None, **r})
 
 
@@ -360,25 +293,11 @@ def _check_finished(records, first_seed: int) -> list[RunResult]:
 
 
 def _check_loop_state(state: dict, step) -> None:
-    """The bookkeeping every family's state holds (engine/loop.py's LoopState.loop_state), checked as the loop
+    """The bookkeeping every family's state holds (records/typed_files.py's LoopState), checked as the loop
     restores it and against the checkpoint's own step: its history becomes the resumed run's rows. A TypeError
     says what is wrong. The family's own parts (model, optimizers, generators) are the family's to check as it
     loads them (checkpoint.restoring)."""
-    if not isinstance(state, dict):
-        raise TypeError("not a training state")
-    if not _integer(step, 0, 2**62) or state.get("step") != step or type(state.get("step")) is not int:
-        raise TypeError(f"step {str(state.get('step'))[:20]}, while the checkpoint is of step {str(step)[:20]}")
-    if not _number(state.get("seconds"), *RUN_RANGES["train_seconds"]):
-        raise TypeError(f"timed seconds {str(state.get('seconds'))[:20]} out of range")
-    if not _integer(state.get("epochs_done"), 0, 2**62):
-        raise TypeError("epochs done out of range")
-    history = state.get("history")
-    if not isinstance(history, list):
-        raise TypeError("its history is not a list")
-    for j, row in enumerate([*history, *([] if state.get("last_batch") is None else [state["last_batch"]])]):
-        why = _check_row(row, step)
-        if why is not None:
-            raise TypeError(f"{'history row ' + str(j + 1) if j < len(history) else 'last batch'}: {why}")
+    checked(LOOP_STATE, state, TypeError, {"steps": step})
 
 
 def _check_writable_dir(directory: Path) -> None:
