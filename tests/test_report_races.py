@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+from pathlib import Path
 
 import pytest
 from conftest import load_benchmark
@@ -187,3 +189,26 @@ def test_a_race_stored_by_import_is_the_same_row(tmp_path):
         (imported,) = db.import_files(conn, [path])
         assert imported.id == first and not imported.new
         assert len(races.race_rows(conn)) == 1
+
+
+def test_this_repository_s_results_give_a_front_page_of_its_races_and_no_machine_path(tmp_path):
+    """`speedrun report --readme` on a database of every file under benchmarks/results/ (as
+    benchmarks/docs_report.py fills it): the H100 race and the CPU races as rows side by side, no record claimed
+    (no stored result is on the recipe's own data set), and no absolute path of the machines that measured them."""
+    from speedrun.cli.program import main
+
+    repo = Path(__file__).resolve().parents[1]
+    files = sorted((repo / "benchmarks" / "results").rglob("*.json"))
+    with contextlib.closing(db.connect(tmp_path / "r.db")) as conn:
+        assert not [entry for entry in db.import_files(conn, files) if entry.error]
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- records:begin -->\n<!-- records:end -->\n")
+    assert main(["report", "--db", str(tmp_path / "r.db"), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    rows = [_cells(line) for line in text.splitlines() if line.startswith("| ") and "vs airbench94" in line]
+    devices = [row[0] for row in rows]
+    assert devices[0] == "NVIDIA H100 80GB HBM3" and any(device.endswith("(CPU)") for device in devices)
+    h100 = next(row for row in rows if row[0].startswith("NVIDIA H100") and row[5] == "25")
+    assert h100[3].startswith("1.326 (1.288 .. 1.364)")  # benchmarks/results/vs_airbench/h100-cifar10-jpeg-n25.json
+    assert "No record is claimed yet" in text
+    assert not re.search(r"(?<![\w.~])/(tmp|work|root|home|Users|mnt|scratch)/", text)
