@@ -99,3 +99,27 @@ def test_the_summary_reads_a_target_where_it_is_a_number(stated, config, hit_rat
               "target_accuracy": stated, "config": config}
     summary = runs_summary(result)
     assert (summary["n"], summary["mean_accuracy"], summary["hit_rate"]) == (2, pytest.approx(0.6), hit_rate)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("train_loss", "tensor([0.5])"), ("train_acc", "tensor(True)"), ("epoch", "tensor([[2.]])"),
+    ("train_seconds", "numpy.float32(1.0)"), ("step", "numpy.int64(4)"), ("train_loss", "Decimal('0.5')")])
+def test_only_json_numbers_are_numbers_not_tensors_or_numpy_scalars(field, value):
+    """A checkpoint's training state holds tensors beside its numbers; strict pydantic alone would take any object
+    with __float__ or __index__ as a number, and the row would become the resumed run's history."""
+    import decimal
+
+    import numpy
+    import torch
+
+    row = {**ROW, field: eval(value, {"tensor": torch.tensor, "numpy": numpy, "Decimal": decimal.Decimal})}
+    with pytest.raises(TypeError, match=field):
+        _check_loop_state({"step": 4, "seconds": 1.0, "epochs_done": 1, "history": [row]}, 4)
+
+
+def test_a_list_longer_than_any_command_makes_is_refused_for_its_length():
+    rows = {"step": 4, "seconds": 1.0, "epochs_done": 1, "history": [ROW] * (typed_files.MAX_HISTORY_ROWS + 1)}
+    with pytest.raises(TypeError, match="history holds 20,003 rows, more than a run makes"):
+        _check_loop_state(rows, 4)
+    with pytest.raises(ValueError, match="'runs' holds 10,001 runs, more than one command trains"):
+        check_train_result({"runs": [RUN] * (typed_files.MAX_RUNS + 1)})

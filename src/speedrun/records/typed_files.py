@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Generic, Mapping, TypeVar, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError,
-                      ValidationInfo, WrapValidator, field_validator, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
+                      ValidationError, ValidationInfo, WrapValidator, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 T = TypeVar("T")
@@ -31,16 +31,40 @@ MAX_SWEEP_TIME_VALUE = 1e10
 # Epochs a row of a run's per-epoch table may be at: a batch larger than the data spans several epochs a step, so
 # a row's epoch may exceed the run's; a bound against nonsense, far beyond any run.
 MAX_ROW_EPOCH = 1e9
+# How long a result's lists may be, checked before any item is read: a 64 MiB file of a million runs or rows would
+# otherwise be a million objects (about 500 MiB, seconds). A command trains at most 10,000 seeds (run/prepared.py's
+# MAX_RUNS), and a run's table has a row per evaluation: at most one per epoch of its 10,000 (MAX_EPOCHS), and one
+# at its end.
+MAX_RUNS = 10_000
+MAX_HISTORY_ROWS = 20_002
 _REFUSED = "refused"  # the error type of a validator's own refusal: its message is the whole reason
 _KEYS = "keys"  # the error type of a record whose keys are not its fields: its message is the odd key
 
-Fraction = Annotated[float, Field(ge=RUN_RANGES["accuracy"][0], le=RUN_RANGES["accuracy"][1], allow_inf_nan=False)]
-Seconds = Annotated[float, Field(ge=RUN_RANGES["train_seconds"][0], le=RUN_RANGES["train_seconds"][1],
-                                 allow_inf_nan=False)]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-Int64 = Annotated[int, Field(ge=-2**63, lt=2**63)]
-Count = Annotated[int, Field(ge=0, lt=2**63)]
-Step = Annotated[int, Field(ge=0, le=2**62)]
+
+
+def _json_number(value: Any) -> Any:
+    """Only what JSON parses a number to: strict pydantic still takes any object with __float__ or __index__ (a
+    tensor, numpy's scalars, a Decimal), and a checkpoint's training state holds tensors beside its numbers."""
+    if type(value) not in (int, float):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
+def _json_int(value: Any) -> Any:
+    if type(value) is not int:  # a bool, numpy's int64, a one-element tensor: not JSON's integer
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_json_number)]
+Integer = Annotated[int, BeforeValidator(_json_int)]
+Fraction = Annotated[Number, Field(ge=RUN_RANGES["accuracy"][0], le=RUN_RANGES["accuracy"][1], allow_inf_nan=False)]
+Seconds = Annotated[Number, Field(ge=RUN_RANGES["train_seconds"][0], le=RUN_RANGES["train_seconds"][1],
+                                  allow_inf_nan=False)]
+Finite = Annotated[Number, Field(allow_inf_nan=False)]
+Int64 = Annotated[Integer, Field(ge=-2**63, lt=2**63)]
+Count = Annotated[Integer, Field(ge=0, lt=2**63)]
+Step = Annotated[Integer, Field(ge=0, le=2**62)]
 STRICT = ConfigDict(strict=True, extra="ignore")
 
 
@@ -168,7 +192,7 @@ class TrainResult(BaseModel):
     model_config = STRICT
     runs: Annotated[list[Annotated[Union[Annotated[FinishedRun, Tag("finished run")],
                                          Annotated[DivergedRun, Tag("diverged run")]], Discriminator(_run_kind)]],
-                    Field(fail_fast=True)]
+                    Field(fail_fast=True, max_length=MAX_RUNS)]
     target_accuracy: Annotated[Finite | None, Lenient] = None
     config: Annotated[_Config | None, Lenient] = None
 
@@ -186,7 +210,9 @@ def _run_number(key: str, what: str) -> Callable[[Refusal], str]:
 
 TRAIN_RESULT: Typed[TrainResult] = Typed(TypeAdapter(TrainResult), {
     "": lambda r: f"a result is a JSON object, found {type(r.value).__name__}",
-    "runs": lambda r: f"'runs' is {type(r.value).__name__}, not a list of runs; not a training result",
+    "runs": lambda r: (f"'runs' holds {len(r.value):,} runs, more than one command trains ({MAX_RUNS:,})"
+                       if isinstance(r.value, list) else
+                       f"'runs' is {type(r.value).__name__}, not a list of runs; not a training result"),
     "runs.*": lambda r: f"run {r.at[0] + 1} is not a run record (a dict whose 'diverged' is null or a dict)",
     **{f"runs.*.{key}": _run_number(key, "not an integer") for key in ("seed", "steps")},
     **{f"runs.*.{key}": _run_number(key, f"not a number in [{low:g}, {high:g}]") for key, (low, high)
@@ -225,7 +251,7 @@ class AccuracyTrial(_Trial):
 
 class TimeTrial(_Trial):
     mean: Seconds | None = None
-    value: Annotated[float, Field(ge=0.0, le=MAX_SWEEP_TIME_VALUE, allow_inf_nan=False)] | None = None
+    value: Annotated[Number, Field(ge=0.0, le=MAX_SWEEP_TIME_VALUE, allow_inf_nan=False)] | None = None
     p: Fraction | None = None
     ci95: Annotated[list[Seconds], Field(min_length=2, max_length=2), AfterValidator(_ordered)] | None = None
 
@@ -297,13 +323,13 @@ class HistoryRow(_Exact):
     the families' table_row): where it was taken, the last batch's loss and accuracy (None where a family does not
     count it), the test accuracy (None between epochs, or with eval_each_epoch off) and the timed seconds so far;
     imagenet's rows add the resolution of its ramp."""
-    epoch: Annotated[float, Field(ge=0.0, le=MAX_ROW_EPOCH, allow_inf_nan=False)]
+    epoch: Annotated[Number, Field(ge=0.0, le=MAX_ROW_EPOCH, allow_inf_nan=False)]
     step: Step
-    train_loss: Annotated[float, AfterValidator(_loss)] | None
+    train_loss: Annotated[Number, AfterValidator(_loss)] | None
     train_acc: Fraction | None
     val_acc: Fraction | None
     train_seconds: Seconds
-    res_px: Annotated[int, Field(ge=1, le=2**20)] = Field(default=None)  # absent or an integer: never null
+    res_px: Annotated[Integer, Field(ge=1, le=2**20)] = Field(default=None)  # absent or an integer: never null
 
     @field_validator("step")
     @classmethod
@@ -321,20 +347,20 @@ class Diverged(_Exact):
     step: Step = 0
     total_steps: Step = 0
     loss: Annotated[str, Field(max_length=1000)] = ""
-    lr: float | None = None
+    lr: Number | None = None
     message: Annotated[str, Field(max_length=1000)] = ""
 
 
 class RunRecord(_Exact):
     """A finished run (engine/loop.py's RunResult.to_dict), checked field by field as a training result's runs
     are (TRAIN_RESULT, RUN_RANGES): its seed the one expected, and a diverged run without accuracy or time."""
-    seed: int
+    seed: Integer
     accuracy: Fraction | None
     train_seconds: Seconds | None
-    epochs: Annotated[float, Field(ge=0.0, le=MAX_ROW_EPOCH, allow_inf_nan=False)]
+    epochs: Annotated[Number, Field(ge=0.0, le=MAX_ROW_EPOCH, allow_inf_nan=False)]
     steps: Step
     diverged: Diverged | None = Field(default=None, validate_default=True)  # absent: a finished run
-    history: Annotated[list[HistoryRow], Field(fail_fast=True)]
+    history: Annotated[list[HistoryRow], Field(fail_fast=True, max_length=MAX_HISTORY_ROWS)]
 
     @field_validator("seed")
     @classmethod
@@ -358,7 +384,7 @@ class LoopState(BaseModel):
     step: Step
     seconds: Seconds
     epochs_done: Step
-    history: Annotated[list[HistoryRow], Field(fail_fast=True)]
+    history: Annotated[list[HistoryRow], Field(fail_fast=True, max_length=MAX_HISTORY_ROWS)]
     last_batch: HistoryRow | None = None
 
     @field_validator("step")
@@ -399,7 +425,8 @@ RUN_RECORD: Typed[RunRecord] = Typed(TypeAdapter(RunRecord), {
     "seed": lambda r: f"seed={r.value!r:.40}, not {r.context['seed']}",
     **{key: lambda r: _OUT_OF_RANGE for key in ("accuracy", "train_seconds", "epochs", "steps", "diverged")},
     "diverged.loss": _diverged_text("loss"), "diverged.message": _diverged_text("message"),
-    "history": lambda r: "its history is not a list",
+    "history": lambda r: (f"its history holds {len(r.value):,} rows, more than a run makes ({MAX_HISTORY_ROWS:,})"
+                          if isinstance(r.value, list) else "its history is not a list"),
     **_row_reasons("history.*", _history_row),
 })
 
@@ -408,6 +435,7 @@ LOOP_STATE: Typed[LoopState] = Typed(TypeAdapter(LoopState), {
     "step": lambda r: f"step {str(r.value)[:20]}, while the checkpoint is of step {str(r.context['steps'])[:20]}",
     "seconds": lambda r: f"timed seconds {str(r.value)[:20]} out of range",
     "epochs_done": lambda r: "epochs done out of range",
-    "history": lambda r: "its history is not a list",
+    "history": lambda r: (f"its history holds {len(r.value):,} rows, more than a run makes ({MAX_HISTORY_ROWS:,})"
+                          if isinstance(r.value, list) else "its history is not a list"),
     **_row_reasons("history.*", _history_row), **_row_reasons("last_batch", lambda r: "last batch"),
 })

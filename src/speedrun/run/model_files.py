@@ -39,7 +39,7 @@ from speedrun.data import limits
 from speedrun.errors import clip
 from speedrun.paths import make_dirs
 from speedrun.recipes import RECIPES
-from speedrun.records.typed_files import STRICT, Fraction, Refusal, Typed, checked, refusal
+from speedrun.records.typed_files import STRICT, Fraction, Number, Refusal, Typed, checked, refusal
 from speedrun.tricks.tta import tta_logits
 
 MODEL_FORMAT = "speedrun-model"
@@ -123,9 +123,9 @@ class Card(BaseModel):
     # counted before any name is read, and read up to the first bad one: 100,000 bad names are not 100,000 errors
     classes: Annotated[list[ClassName], Field(fail_fast=True), BeforeValidator(_counted)]
     image_shape: Annotated[list[Side], Field(min_length=3, max_length=3), AfterValidator(_channels)]
-    mean: Annotated[list[Annotated[float, Field(ge=MEAN_RANGE[0], le=MEAN_RANGE[1], allow_inf_nan=False)]],
+    mean: Annotated[list[Annotated[Number, Field(ge=MEAN_RANGE[0], le=MEAN_RANGE[1], allow_inf_nan=False)]],
                     Field(max_length=4)]
-    std: Annotated[list[Annotated[float, Field(ge=STD_RANGE[0], le=STD_RANGE[1], allow_inf_nan=False)]],
+    std: Annotated[list[Annotated[Number, Field(ge=STD_RANGE[0], le=STD_RANGE[1], allow_inf_nan=False)]],
                    Field(max_length=4)]
     tta_level: Annotated[int, Field(ge=0, le=2)]
     dataset: str
