@@ -432,8 +432,8 @@ RUN_RECORD: Typed[RunRecord] = Typed(TypeAdapter(RunRecord), {
 
 LOOP_STATE: Typed[LoopState] = Typed(TypeAdapter(LoopState), {
     "": lambda r: "not a training state",
-    "step": lambda r: f"step {str(r.value)[:20]}, while the checkpoint is of step {str(r.context['steps'])[:20]}",
-    "seconds": lambda r: f"timed seconds {str(r.value)[:20]} out of range",
+    "step": lambda r: f"step {repr(r.value)[:20]}, while the checkpoint is of step {str(r.context['steps'])[:20]}",
+    "seconds": lambda r: f"timed seconds {repr(r.value)[:20]} out of range",
     "epochs_done": lambda r: "epochs done out of range",
     "history": lambda r: (f"its history holds {len(r.value):,} rows, more than a run makes ({MAX_HISTORY_ROWS:,})"
                           if isinstance(r.value, list) else "its history is not a list"),
