@@ -24,8 +24,8 @@ from typing import NamedTuple
 from speedrun.errors import counted
 from speedrun.paths import check_writable as _check_writable
 from speedrun.paths import folder_trouble, make_dirs, symlink_loop, user_path
-from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_sweep_report, check_train_result,
-                                          load_result, parse_result, runs_summary)
+from speedrun.records.result_file import (MAX_RESULT_BYTES, UnreadableResult, check_sweep_report, load_result,
+                                          parse_result, runs_summary)
 
 BUSY_TIMEOUT_S = 30.0
 _FIX = "give another file with --db PATH or SPEEDRUN_DB"
@@ -542,16 +542,16 @@ def _checked(result: dict, source: str | None) -> _Checked:
         if report[0] == "sweep":  # the report's study section draws its trials
             check_sweep_report(result)
     else:  # a training result: its runs checked as compare reads them (the one check), then the row and the runs
-        check_train_result(result)
+        # The statistics the leaderboard ranks and judges, from the runs themselves: a result's stated summary is
+        # its writer's word (a file edited to say n=50 beside one run), and the runs are checked as they are read
+        # (runs_summary validates them: check_train_result's check, made once).
+        summary = runs_summary(result)
         row = {key: _at(result, key, (str,)) for key in ("recipe", "dataset", "device")}
         row.update(created_utc=_utc(_at(result, "environment.timestamp_utc", (str,)), "environment.timestamp_utc"),
                    n=_at(result, "n", (int,)), mean_accuracy=_at(result, "mean_accuracy", OPT_NUM),
                    command=_at(result, "command", OPT_STR), source=source, sha256=digest, json=text)
         row.update({column: _at(result, path, types) for column, path, types in V2_FIELDS})
         row.update(zip([column for column, _ in V3_COLUMNS], identity(result, row["command"], row["dataset"])))
-        # The statistics the leaderboard ranks and judges, from the runs themselves: a result's stated summary is
-        # its writer's word (a file edited to say n=50 beside one run), and the runs were just checked.
-        summary = runs_summary(result)
         row.update(n=summary["n"], mean_accuracy=summary["mean_accuracy"], std_accuracy=summary["std_accuracy"],
                    mean_seconds=summary["mean_seconds"], std_seconds=summary["std_seconds"],
                    # no target applies on this data: no run "reached" one (migration 3's rule for older rows too)
