@@ -18,7 +18,7 @@ from speedrun.errors import counted
 from speedrun.records.stats import interval_text, signed_text
 from speedrun.report.charts import finite
 from speedrun.report.portable import portable_paths
-from speedrun.report.queries import MAX_REPORT_CHARS, clip_text, note_left_out
+from speedrun.report.queries import MAX_REPORT_CHARS, clip_text, note_left_out, ratio_text
 
 KIND = "vs_airbench"
 ANCHOR = "airbench94"
@@ -138,11 +138,7 @@ def race_label(row: dict) -> str:
 
 def ratio_cell(row: dict) -> str:
     """"1.326 (1.288 .. 1.364)"; "1.297 (no CI)" without an interval (one run a side); "-" without a ratio."""
-    if row["ratio"] is None:
-        return "-"
-    if row["ratio_low"] is None:
-        return f"{row['ratio']:.3f} (no CI)"
-    return f"{row['ratio']:.3f} ({row['ratio_low']:.3f} .. {row['ratio_high']:.3f})"
+    return ratio_text(row) + (" (no CI)" if row["ratio"] is not None and row["ratio_low"] is None else "")
 
 
 def diff_cell(row: dict) -> str:
