@@ -69,6 +69,23 @@ def test_train_records_the_builder_by_name_and_notes_what_is_off(tiny_net, capsy
     assert "off for this network" in note and "dirac_init" in note and "whiten_init" not in note, note
 
 
+def test_a_network_of_lazy_modules_trains(tmp_path, capsys):
+    """Lazy modules get their shapes from one forward when the network is built, before the optimizers see them."""
+    lazy = _module(tmp_path, "lazy_net", """
+        from torch import nn
+
+        def build(in_channels, num_classes, image_px):
+            return nn.Sequential(nn.LazyConv2d(8, 3), nn.LazyBatchNorm2d(), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                 nn.Flatten(), nn.LazyLinear(num_classes))
+    """) + ":build"
+    code, out, err = run_cli(["train", "--model", lazy, *TINY, "--json", "r.json"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["runs"][0]["diverged"] is None
+    net = custom.build("lazy_net:build", 3, 10, 16)
+    assert [tuple(p.shape) for p in net.parameters()] == [(8, 3, 3, 3), (8,), (8,), (8,), (10, 8), (10,)]
+    assert net.training and int(net[1].num_batches_tracked) == 0  # the shaping forward moved no statistics
+
+
 def test_the_example_is_ablated_through_model(capsys, tmp_path):
     """The issue's question, for the user's network: which tricks transfer? Each trick that applies is measured;
     those acting inside the recipe's network are listed as not in it."""
@@ -129,6 +146,8 @@ def test_the_python_api_takes_the_function(tmp_path):
     ("{tmp}/shapes.py:flat_output", "gives shape [2]"),
     ("{tmp}/shapes.py:raises_in_forward", "forward (training mode) on a batch of 2 3x16x16 images raised RuntimeError"),
     ("{tmp}/shapes.py:raises_when_built", "building the network for (3, 10, 16) raised TypeError"),
+    ("{tmp}/shapes.py:lazy_spare", "keeps lazy parameters after a forward (a lazy module its forward never calls)"),
+    ("{tmp}/shapes.py:lazy_raising", "its lazy modules' first forward, on a batch of 2 3x16x16 zero images, raised"),
 ])
 def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp_path, no_run):
     _module(tmp_path, "broken", "def build(:\n")
@@ -196,6 +215,21 @@ def test_model_refusals_are_one_line_before_any_work(spec, fragment, capsys, tmp
 
         def raises_when_built(c, k):
             return nn.Identity()
+
+        class LazySpare(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Sequential(nn.Flatten(), nn.LazyLinear(10))
+                self.spare = nn.LazyLinear(3)
+
+            def forward(self, x):
+                return self.head(x)
+
+        def lazy_spare(c, k, px):
+            return LazySpare()
+
+        def lazy_raising(c, k, px):
+            return nn.Sequential(nn.LazyConv2d(4, 3), nn.Conv2d(5, 10, 1))  # 4 channels into a conv of 5
     """)
     spec, fragment = spec.format(tmp=tmp_path), fragment.format(tmp=tmp_path)
     code, out, err = run_cli(["train", "--model", spec, *TINY, "--json", "r.json"], capsys)
@@ -283,6 +317,10 @@ def test_a_checkpoint_of_the_users_network_resumes_only_with_it(tiny_net, capsys
     code, _, err = run_cli(["train", *TINY, "--checkpoint-dir", "ck", "--resume", "auto"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "model='tiny_net:build'; this run has model='': resume with --model giving 'tiny_net:build'" in err, err
+    other = _module(Path.cwd(), "other_net", TINY_NET) + ":build"  # another builder: its note waits for the check
+    code, _, err = run_cli(["train", "--model", other, *TINY, "--checkpoint-dir", "ck", "--resume", "auto"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "this run has model='other_net:build'" in err, err
 
 
 def test_the_users_batchnorm_takes_the_recipes_momentum_and_pytorchs_default_changes_nothing(tiny_net):

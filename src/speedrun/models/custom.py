@@ -215,7 +215,29 @@ def build(name: str, in_channels: int, num_classes: int, image_px: int) -> nn.Mo
     if not isinstance(net, nn.Module):
         raise ValueError(f"--model {name} returned {type(net).__name__}, not a torch.nn.Module; the builder must "
                          "return the network")
+    if any(nn.parameter.is_lazy(t) for t in (*net.parameters(), *net.buffers())):
+        _materialize(name, net, in_channels, image_px)
     return net
+
+
+def _materialize(name: str, net: nn.Module, in_channels: int, image_px: int) -> None:
+    """A network with lazy modules (nn.LazyConv2d, nn.LazyLinear, ...) learns its parameters' shapes in its first
+    forward; the optimizers and every check need them before that. So, as PyTorch advises, one forward of
+    PROBE_BATCH zero images: in eval mode (no BatchNorm statistics move), without gradients, on the device the
+    network is being built on (the caller's default device)."""
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            net(torch.zeros(PROBE_BATCH, in_channels, image_px, image_px))
+    except (Exception, SystemExit) as e:
+        raise ValueError(f"--model {name}: its lazy modules' first forward, on a batch of {PROBE_BATCH} "
+                         f"{in_channels}x{image_px}x{image_px} zero images, raised {_one_line(e)}") from None
+    finally:
+        net.train(was_training)
+    if any(nn.parameter.is_lazy(t) for t in (*net.parameters(), *net.buffers())):
+        raise ValueError(f"--model {name}: its network keeps lazy parameters after a forward (a lazy module its "
+                         "forward never calls); build it with shapes, or call every module in forward")
 
 
 def check_network(name: str, image_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

@@ -286,6 +286,7 @@ class _Job:
         self.database: Any = None
         self.session: Session | None = None
         self.in_step = False  # every process got to the end alike (dist.shutdown waits for the others then)
+        self.check_warnings: list[str] = []  # the family's warnings about this run, shown once begin's checks pass
         self.result: Result
 
     def naming(self) -> contextlib.AbstractContextManager:
@@ -366,7 +367,8 @@ class _Job:
         run = self.run
         run.load(self.show.line)
         with self.naming():  # a batch_size from the settings file too large here, say
-            run.checked()
+            # its warnings (the user's network's note, ...) wait for begin's checks: a refusal there is the one line
+            self.check_warnings = run.checked(quiet=True)
         if self.save_path is not None and run.world.is_main:
             export.check_card(run.family.model_card(run.cfg, run.data), run.recipe, run.cfg, run.dataset,
                               run.request.smoke)
@@ -387,6 +389,8 @@ class _Job:
             first_run, state, finished = self.plan.check_found(found, meta, run.family.MAY_DIFFER_ON_RESUME,
                                                                self.runs, field_defaults(run.cfg))
         show.release()  # every check has passed: what was held back (downloads, decoding) may be shown now
+        for message in self.check_warnings:
+            warn(message)
         env = environment(run.device)
         world = run.world
         show.line(f"device: {run.device.type} ({env['device_name']})"
