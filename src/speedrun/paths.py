@@ -15,15 +15,20 @@ through making its folders. Folders are made one level at a time (`make_dirs`), 
 
 Two outputs of one command that name one file would overwrite or refuse each other with a message about the
 wrong thing ("already exists"): `distinct_outputs` names both options instead.
+
+A command that stops (a refusal, an error, an interrupt) leaves no empty folder it made: the CLI runs every command
+inside `tidy_folders`, which notes each folder `make_dirs` (or `note_made`) makes and removes those still empty when
+the command ends with an exception. Only empty folders go (rmdir): nothing written is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # Folders a path given to speedrun may go down, counted from the file system's root. os.makedirs, pathlib's
@@ -238,8 +243,39 @@ def make_dirs(path: str | os.PathLike) -> None:
         except FileExistsError:
             if not p.is_dir():  # made by another process meanwhile: fine when it is a folder
                 raise
+        else:
+            note_made(p)
     if not path.is_dir():  # `path` itself was there and is no folder (a file, a symlink loop ...)
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
+
+
+# The folders made inside each open tidy_folders() block, the innermost block's last.
+_MADE: list[list[Path]] = []
+
+
+def note_made(folder: str | os.PathLike) -> None:
+    """`folder` was just made by this process (make_dirs notes its own): the open tidy_folders block removes it
+    again if the block fails while it is still empty."""
+    if _MADE:
+        _MADE[-1].append(Path(folder))
+
+
+@contextlib.contextmanager
+def tidy_folders() -> Iterator[None]:
+    """While inside, the folders this process makes are noted (note_made); when the block ends with an exception,
+    those still empty are removed, the deepest and latest first, and the exception goes on. A block that ends
+    normally keeps them all."""
+    made: list[Path] = []
+    _MADE.append(made)
+    try:
+        yield
+    except BaseException:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):  # not empty (a file was written there), gone, or not ours to remove
+                os.rmdir(folder)
+        raise
+    finally:
+        _MADE.pop()
 
 
 # distinct_outputs' kind of an output that rewrites its own marked sections of a text file (report's --readme and

@@ -27,7 +27,7 @@ from speedrun.cli.output import EXIT_INTERNAL, EXIT_USAGE, one_line, other_rank,
 from speedrun.cli.parser import build_parser
 from speedrun.data.download import given_mirrors  # urllib only: no torch
 from speedrun.errors import SpeedrunWarning, Terminated, clip, counted
-from speedrun.paths import SECTIONS, distinct_outputs, user_path
+from speedrun.paths import SECTIONS, distinct_outputs, tidy_folders, user_path
 from speedrun.recipes import recipe_lines  # a table of names: no torch, no family imported
 
 
@@ -244,7 +244,8 @@ def _main(argv: list[str] | None) -> int:
     # handlers: a Ctrl-C at any moment is one line and exit 130, never a traceback.
     try:
         # --mirror (the commands that may download a named dataset) reaches the downloader, whichever handler loads it
-        with _cli_signals_and_warnings(), given_mirrors(getattr(args, "mirror", None) or ()):
+        # tidy_folders: a command that stops leaves none of the empty folders it made (--json's, --checkpoint-dir ...)
+        with _cli_signals_and_warnings(), given_mirrors(getattr(args, "mirror", None) or ()), tidy_folders():
             _check_outputs(args)
             module, function, takes_argv = _COMMANDS[args.command]
             if args.command == "results" and args.results_action == "import":

@@ -47,7 +47,7 @@ import torch
 
 from speedrun.engine.loop import RunHooks
 from speedrun.errors import warn
-from speedrun.paths import check_writable, in_the_way, make_folder, user_path
+from speedrun.paths import check_writable, in_the_way, make_folder, note_made, user_path
 
 FLAG = "--tensorboard"
 INSTALL = "pip install 'speedrun[tensorboard]'"
@@ -101,6 +101,7 @@ def open_board(directory: str | os.PathLike, recipe: str, flag: str = FLAG) -> B
         folder = root / (stem if suffix == 1 else f"{stem}-{suffix}")
         try:
             folder.mkdir()
+            note_made(folder)
             break
         except FileExistsError:  # a command that began in the same second: its folder stays its own
             suffix += 1
