@@ -43,3 +43,24 @@ def test_a_database_that_fails_later_costs_a_warning_not_the_result(tmp_path, ca
     err = capsys.readouterr().err
     assert "warning: the result was not stored in the database" in err and "results import" in err
     assert json.loads(out.read_text())["n"] == 1
+
+
+def test_results_names_the_users_network_and_lists_rows_whose_json_is_damaged(tmp_path, capsys):
+    (tmp_path / "net.py").write_text("from torch import nn\n\ndef build(c, k, px):\n"
+                                     "    return nn.Sequential(nn.Flatten(), nn.Linear(c * px * px, k))\n")
+    store = str(tmp_path / "r.db")
+    assert main(["train", *SMALL, "--db", store, "--json", str(tmp_path / "own.json")]) == 0
+    assert main(["train", *SMALL, "--db", store, "--model", f"{tmp_path}/net.py:build",
+                 "--json", str(tmp_path / "user.json")]) == 0
+    capsys.readouterr()
+    assert main(["results", "--db", store]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "cifar10-94 --model net:build" in lines[1] and "--model" not in lines[2], lines
+    assert main(["results", "--db", store, "--json"]) == 0
+    assert [r["model"] for r in json.loads(capsys.readouterr().out)] == ["net:build", None]
+    with sqlite3.connect(store) as conn:  # a row's stored JSON edited by hand into something that is not JSON
+        conn.execute("UPDATE results SET json = 'edited {' WHERE id = 2")
+    conn.close()
+    assert main(["results", "--db", store, "--csv"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].endswith(",model") and len(rows) == 3, rows

@@ -63,7 +63,9 @@ def _table(rows: list[dict]) -> list[str]:
         # each cell escaped and cut before the widths are measured: a newline in a stored name must not break the
         # row, and one long name must not pad every row to its width
         table.append([_clip(cell) for cell in (
-            str(r["id"]), r["kind"], r["date"][:16].replace("T", " "), r["recipe"], r["dataset"],
+            # the user's network beside the recipe whose tricks trained it: its results are not the recipe's own
+            str(r["id"]), r["kind"], r["date"][:16].replace("T", " "),
+            r["recipe"] + (f" --model {r['model']}" if r["model"] else ""), r["dataset"],
             r["device_name"] or r["device"], str(r["n"]), _num(r["mean_accuracy"], 100, r["std_accuracy"]),
             _num(r["mean_seconds"], 1, r["std_seconds"]), _hits(r["hit_rate"], r["n"]), _num(r["cost"], digits=4),
             commit)])

@@ -94,7 +94,18 @@ CREATE INDEX results_kind ON results (kind);
 VERSION = len(MIGRATIONS)
 COLUMNS = ["id", "date", "kind", "recipe", "dataset", "device", "device_name", "n", "mean_accuracy", "std_accuracy",
            "mean_seconds", "std_seconds", "hit_rate", "cost", "command", "git_commit", "git_dirty", "dataset_name",
-           "dataset_fingerprint", "target"]
+           "dataset_fingerprint", "target", "model"]
+
+
+def json_at(path: str) -> str:
+    """SQL for the value at `path` of a row's stored JSON, NULL where that text is not JSON (json_extract raises on
+    it, and a row edited by hand must not stop a listing)."""
+    return f"CASE WHEN json_valid(json) THEN json_extract(json, '{path}') END"
+
+
+# query's SELECT: COLUMNS as stored, and `model` (the user's network, --model; "" or NULL: the recipe's own) read
+# from the stored config
+_QUERY_COLUMNS = ", ".join(COLUMNS).replace("date", "created_utc").replace("model", json_at("$.config.model"))
 # What stored a result (its row's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is
 # (Result.kind, set by the instrument; for a file from before, result_kind of its command).
 KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune", "sweep")
@@ -594,7 +605,8 @@ def insert_result(conn: sqlite3.Connection, result: dict, source: str | None = N
 
 def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, since=None, until=None, command=None,
           limit: int | None = None) -> list[dict]:
-    """Stored results, newest first, as dicts with COLUMNS' keys. dataset: as stored or its last path component;
+    """Stored results, newest first, as dicts with COLUMNS' keys (model: the user's network's builder, None for the
+    recipe's own network). dataset: as stored or its last path component;
     device: the type or part of the name (any case); since/until: ISO dates/times, inclusive; command: a part."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10**9):
         raise ValueError(f"--limit must be an integer in [1, 1000000000], got {limit!r}")
@@ -609,13 +621,14 @@ def query(conn: sqlite3.Connection, *, recipe=None, dataset=None, device=None, s
                "created_utc >= ?": [start], "created_utc <= ?": [end],
                "instr(command, ?) > 0": [command]}
     active = {clause: values for clause, values in filters.items() if values[0] is not None}
-    sql = (f"SELECT {', '.join(COLUMNS).replace('date', 'created_utc')} FROM results"
+    sql = (f"SELECT {_QUERY_COLUMNS} FROM results"
            + "".join((" AND " if i else " WHERE ") + clause for i, clause in enumerate(active))
            + " ORDER BY created_utc DESC, id DESC" + ("" if limit is None else f" LIMIT {limit}"))
     rows = []
     for values in conn.execute(sql, [v for values in active.values() for v in values]):
         row = dict(zip(COLUMNS, values))
-        row.update(git_dirty=None if row["git_dirty"] is None else bool(row["git_dirty"]))
+        row.update(git_dirty=None if row["git_dirty"] is None else bool(row["git_dirty"]),
+                   model=row["model"] if isinstance(row["model"], str) and row["model"] else None)
         rows.append(row)
     return rows
 

@@ -24,6 +24,7 @@ import sqlite3
 from speedrun.errors import counted, printable
 from speedrun.recipes import RECIPES
 from speedrun.records import stats
+from speedrun.records.db import json_at
 from speedrun.records.stats import interval_text, reaches_target, record_alpha, record_p_text
 from speedrun.report.charts import finite
 
@@ -37,16 +38,12 @@ MAX_REPORT_CHARS = 64 * 2**20  # results.MAX_RESULT_BYTES: what `results import`
 NO_TARGET = "no target"
 
 
-def _json_at(path: str) -> str:  # json_extract raises on text that is not JSON: ask json_valid first
-    return f"CASE WHEN json_valid(json) THEN json_extract(json, '{path}') END"
-
-
 _LEADERBOARD_SQL = f"""SELECT id, created_utc, recipe, dataset_name, device, device_name, n, mean_accuracy,
     std_accuracy, mean_seconds, std_seconds, hit_rate, cost, command, git_commit, git_dirty, torch_version,
-    world_processes, target, {_json_at('$.environment.gpu_driver')}, {_json_at('$.environment.torch_cuda')},
-    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged), {_json_at('$.config.model')},
+    world_processes, target, {json_at('$.environment.gpu_driver')}, {json_at('$.environment.torch_cuda')},
+    (SELECT COUNT(*) FROM runs WHERE runs.result_id = results.id AND runs.diverged), {json_at('$.config.model')},
     dataset_fingerprint, dataset
-    FROM results WHERE mean_accuracy IS NOT NULL AND kind = 'train' AND coalesce({_json_at('$.complete')}, 1)"""
+    FROM results WHERE mean_accuracy IS NOT NULL AND kind = 'train' AND coalesce({json_at('$.complete')}, 1)"""
 # `speedrun train` results only (db.KINDS: not smoke tests, not an instrument's settings), complete ones: an
 # interrupted command's partial result is not a record (and the --resume that finishes it stores the same runs
 # again as a complete one). Older files without "complete" count as complete. `target` is the one that applies on
@@ -149,8 +146,8 @@ def unranked_text(conn: sqlite3.Connection) -> str:
     many stored results are smoke tests, incomplete, an instrument's settings (a bench's or ablation's, a sweep's
     trials, the doctor's), or without an accuracy (the leaderboards rank none of these), and what ranks."""
     smoke, incomplete, stored = conn.execute(
-        f"""SELECT coalesce(sum(coalesce({_json_at('$.smoke_test')}, 0) != 0), 0),
-        coalesce(sum(NOT coalesce({_json_at('$.complete')}, 1)), 0), count(*) FROM results""").fetchone()
+        f"""SELECT coalesce(sum(coalesce({json_at('$.smoke_test')}, 0) != 0), 0),
+        coalesce(sum(NOT coalesce({json_at('$.complete')}, 1)), 0), count(*) FROM results""").fetchone()
     if not stored:
         return "No result is stored yet."
     settings: dict[tuple[str, str], int] = {}
