@@ -225,3 +225,12 @@ def test_a_signal_stops_a_run_at_the_next_step_without_a_checkpoint_folder(tmp_p
     assert proc.returncode == 143, err
     assert time.monotonic() - start < 10  # 6,400 steps were left; one step takes milliseconds
     assert err.strip().splitlines()[-1] == "speedrun: terminated (SIGTERM); no run had finished"
+
+
+@pytest.mark.parametrize("n, size", [(10_000, 3), (7, 8), (0, 2), (5, 1)])
+def test_the_parts_of_a_scored_set_cover_it_once(n, size):
+    from speedrun import dist
+
+    parts = [dist.part(n, dist.World(rank=r, size=size)) for r in range(size)]
+    assert [i for p in parts for i in range(n)[p]] == list(range(n))
+    assert max(p.stop - p.start for p in parts) - min(p.stop - p.start for p in parts) <= 1

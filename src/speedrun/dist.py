@@ -291,6 +291,12 @@ def check(batch: int, world: World, device: torch.device, sync_bn: bool) -> None
                          "(--set sync_bn=false)")
 
 
+def part(n: int, world: World) -> slice:
+    """This process's contiguous part of n items that every process scores apart (the test set): rank r of K takes
+    [n*r//K, n*(r+1)//K), so the parts cover all n and differ by at most one item (one may be empty)."""
+    return slice(n * world.rank // world.size, n * (world.rank + 1) // world.size)
+
+
 def share(batch: int, world: World) -> slice:
     """This process's part of a global batch of `batch` examples (an equal 1/K share)."""
     if batch % world.size:

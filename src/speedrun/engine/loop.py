@@ -488,7 +488,8 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, no
     """
     world = world or dist.World()
     n = len(images)
-    lo, hi = n * world.rank // world.size, n * (world.rank + 1) // world.size
+    mine = dist.part(n, world)
+    lo, hi = mine.start, mine.stop
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=images.device)  # correct, seen

@@ -208,7 +208,8 @@ def train_run(hooks: Hooks[Any, Any], data: Dataset, device: torch.device, seed:
     def scored(tta_level: int, progress: Callable[[int, int], None] | None = None) -> float:
         """Test accuracy; every process takes rank 0's BatchNorm statistics first. progress(done, total): passes."""
         dist.broadcast_model(model, world)
-        share = len(test_labels) * (world.rank + 1) // world.size - len(test_labels) * world.rank // world.size
+        mine = dist.part(len(test_labels), world)  # the images evaluate scores here
+        share = mine.stop - mine.start
         fraction = cfg.tta_fraction() or 1.0  # 0 or None: every image gets the views (as evaluate reads it)
         total, done = tta_passes(share, tta_level, fraction if 0 < fraction < 1 else 1.0), [0]
 
