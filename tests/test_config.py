@@ -47,7 +47,10 @@ def test_validate_rejects_impossible_values():
     ({"lr_per_1024": "1e-9"}, ("lr_per_1024",)),
     ({"cpu_threads": "-1"}, ("cpu_threads",)),
     ({"half_weights": "on", "precision": "fp32"}, ("half_weights", "precision")),
-    ({"tta_level": "5"}, ()),  # a range check names its setting in its text alone
+    ({"tta_level": "5"}, ("tta_level",)),  # a range check carries its keys too
+    ({"bn_eps": "0"}, ("bn_eps",)),  # not whiten_eps, which its message once named with it
+    ({"muon_momentum": "1"}, ("muon_momentum",)),  # its message once said "momentum"
+    ({"label_smoothing": "0.2", "jitter_contrast": "2"}, ("jitter_contrast",)),
 ])
 def test_a_refused_setting_carries_its_keys(overrides, keys):
     with pytest.raises(ConfigError) as info:
@@ -65,3 +68,29 @@ def test_a_settings_file_value_is_named_by_the_keys_an_error_carries():
     assert named_values(ConfigError("batch_size=big: expected int", keys="batch_size"), settings) == "batch_size=big"
     assert named_values(ConfigError("bad config: eval_batch_size must be in [1, 65536]"), settings) == \
         "eval_batch_size=64"
+
+
+def test_every_range_check_names_fields_of_its_config_and_fails_alone():
+    """Each family's checks() carry keys that are its config's fields; each check fails for its own key alone."""
+    import dataclasses
+
+    from speedrun.recipes import RECIPES
+
+    for recipe in RECIPES.values():
+        cfg = recipe.make_config()
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        checks = getattr(cfg, "checks", lambda: [])()
+        assert all(ok for ok, _, _ in checks), recipe.name
+        for _, message, keys in checks:
+            keys = (keys,) if isinstance(keys, str) else keys
+            assert keys and set(keys) <= fields, (recipe.name, message, keys)
+            assert message.split()[0].strip(",") in keys or message.startswith("nesterov"), message
+
+
+def test_imagenet_range_checks_carry_their_keys():
+    from speedrun.recipes import get_recipe
+
+    cfg = get_recipe("imagenet-debug").make_config()
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(cfg, {"min_res_px": "64", "max_res_px": "32"}).validate()
+    assert info.value.keys == ("min_res_px", "max_res_px")

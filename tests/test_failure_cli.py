@@ -73,8 +73,8 @@ def _one_line_error(capsys, code, fragment):
     (["--set", "compile_mode=bogus"], "compile_mode='bogus': expected one of default|"),  # the example
     (["--set", "batch_size=100000000"], "batch_size must be in [1,"),
     (["--set", "widths=8,16,1000000"], "widths must be 1 to 8 numbers"),
-    (["--set", "bn_eps=0"], "bn_eps and whiten_eps must be > 0"),
-    (["--set", "lookahead_base=2"], "lookahead_base in [0, 1]"),
+    (["--set", "bn_eps=0"], "bn_eps must be > 0"),
+    (["--set", "lookahead_base=2"], "lookahead_base must be in [0, 1]"),
 ])
 def test_bad_settings_are_one_line_before_any_run(extra, fragment, capsys, tmp_path, no_run):
     code = main(["train", *TINY, *extra, "--json", str(tmp_path / "r.json")])

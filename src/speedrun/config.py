@@ -23,6 +23,17 @@ class ConfigError(ValueError):
         self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
 
 
+# A range check of a config's settings: (holds, what the settings must be, the keys it is about).
+Check = tuple[bool, str, "str | tuple[str, ...]"]
+
+
+def refuse(checks: list[Check]) -> None:
+    """Raise the first failed check as one line, `bad config: <what the settings must be>`, carrying its keys."""
+    for ok, message, keys in checks:
+        if not ok:
+            raise ConfigError(f"bad config: {message}", keys=keys)
+
+
 def field_types(cfg_cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cfg_cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cfg_cls)}

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from speedrun.config import ConfigError
+from speedrun.config import Check, ConfigError, refuse
 from speedrun.data.loader import Augmentation
 from speedrun.models.custom import check_name
-from speedrun.recipes.in_memory.config import MAX_EPOCHS, InMemoryConfig, refuse
+from speedrun.recipes.in_memory.config import MAX_EPOCHS, InMemoryConfig
 
 # Bounds that no sensible run crosses; they keep a typo (widths=...,1000000) from allocating the machine away before
 # the first step (in_memory/config.py holds the batch's and the epochs').
@@ -111,31 +111,35 @@ class CifarConfig(InMemoryConfig):
                                   keys=("lr_per_1024", "bias_lr_mult", "muon_lr", "muon_bias_lr", "muon_head_lr",
                                         "momentum"))
 
-    def checks(self) -> list[tuple[bool, str]]:
+    def checks(self) -> list[Check]:
         return super().checks() + [
-            (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]"),
+            (0 < self.epochs <= MAX_EPOCHS, f"epochs must be in (0, {MAX_EPOCHS}]", "epochs"),
             (1 <= len(self.widths) <= MAX_GROUPS and all(1 <= w <= MAX_WIDTH for w in self.widths),
-             f"widths must be 1 to {MAX_GROUPS} numbers in [1, {MAX_WIDTH}], e.g. 64,256,256"),
-            (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3"),
-            (0 <= self.muon_momentum < 1, "momentum must be in [0, 1)"),
-            (0 < self.bn_momentum <= 1, "bn_momentum must be in (0, 1]"),
-            (self.bn_eps > 0 and self.whiten_eps > 0, "bn_eps and whiten_eps must be > 0"),
-            (self.logit_scale > 0, "logit_scale must be > 0"),
-            (all(getattr(self, k) >= 0 for k in NONNEG), f"{', '.join(NONNEG)} must be >= 0"),
-            (all(getattr(self, k) > 0 for k in POSITIVE), f"{', '.join(POSITIVE)} must be > 0"),
-            (1 <= self.lookahead_every_steps <= 10**6 and 0 <= self.lookahead_base <= 1,
-             "lookahead_every_steps must be in [1, 1000000] and lookahead_base in [0, 1]"),
-            (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]"),
-            (1 <= self.whiten_kernel_px <= 8 and 1 <= self.whiten_images <= 10**7,
-             "whiten_kernel_px must be in [1, 8] and whiten_images in [1, 10000000]"),
-            (1 <= self.muon_ns_steps <= 20, "muon_ns_steps must be in [1, 20]"),
+             f"widths must be 1 to {MAX_GROUPS} numbers in [1, {MAX_WIDTH}], e.g. 64,256,256", "widths"),
+            (self.convs_per_group in (2, 3), "convs_per_group must be 2 or 3", "convs_per_group"),
+            (0 <= self.muon_momentum < 1, "muon_momentum must be in [0, 1)", "muon_momentum"),
+            (0 < self.bn_momentum <= 1, "bn_momentum must be in (0, 1]", "bn_momentum"),
+            (self.bn_eps > 0, "bn_eps must be > 0", "bn_eps"),
+            (self.whiten_eps > 0, "whiten_eps must be > 0", "whiten_eps"),
+            (self.logit_scale > 0, "logit_scale must be > 0", "logit_scale"),
+            *[(getattr(self, k) >= 0, f"{k} must be >= 0", k) for k in NONNEG],
+            *[(getattr(self, k) > 0, f"{k} must be > 0", k) for k in POSITIVE],
+            (1 <= self.lookahead_every_steps <= 10**6, "lookahead_every_steps must be in [1, 1000000]",
+             "lookahead_every_steps"),
+            (0 <= self.lookahead_base <= 1, "lookahead_base must be in [0, 1]", "lookahead_base"),
+            (0 <= self.lr_peak_frac <= 1, "lr_peak_frac must be in [0, 1]", "lr_peak_frac"),
+            (1 <= self.whiten_kernel_px <= 8, "whiten_kernel_px must be in [1, 8]", "whiten_kernel_px"),
+            (1 <= self.whiten_images <= 10**7, "whiten_images must be in [1, 10000000]", "whiten_images"),
+            (1 <= self.muon_ns_steps <= 20, "muon_ns_steps must be in [1, 20]", "muon_ns_steps"),
             (type(self.muon_renorm_every_steps) is int and 1 <= self.muon_renorm_every_steps <= 10**6,
-             "muon_renorm_every_steps must be an integer in [1, 1000000]; 1 renormalizes every step"),
-            (0 <= self.jitter_brightness <= 1, "jitter_brightness must be in [0, 1] (pixel units); 0 is off"),
-            (0 <= self.jitter_contrast <= 1, "jitter_contrast must be in [0, 1]; 0 is off"),
+             "muon_renorm_every_steps must be an integer in [1, 1000000]; 1 renormalizes every step",
+             "muon_renorm_every_steps"),
+            (0 <= self.jitter_brightness <= 1, "jitter_brightness must be in [0, 1] (pixel units); 0 is off",
+             "jitter_brightness"),
+            (0 <= self.jitter_contrast <= 1, "jitter_contrast must be in [0, 1]; 0 is off", "jitter_contrast"),
             (self.tta_select is None or 0 <= self.tta_select <= 1,
-             "tta_select must be a fraction in (0, 1], or 0 for TTA on every image"),
-            (self.whiten_method in ("eigh", "svd"), "whiten_method must be eigh or svd"),
+             "tta_select must be a fraction in (0, 1], or 0 for TTA on every image", "tta_select"),
+            (self.whiten_method in ("eigh", "svd"), "whiten_method must be eigh or svd", "whiten_method"),
         ]
 
     def optimizer_values(self) -> dict[str, float]:

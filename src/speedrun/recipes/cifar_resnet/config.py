@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from speedrun.config import Check
 from speedrun.recipes.in_memory import config as in_memory
 
 
@@ -76,24 +77,28 @@ class ResnetConfig(in_memory.InMemoryConfig):
     lr_drop2_frac: float = 250 / 350
     lr_drop_factor: float = 0.1
 
-    def checks(self) -> list[tuple[bool, str]]:
-        fractions = ("lr_peak_frac", "lr_drop1_frac", "lr_drop2_frac", "lookahead_base")
-        mults = ("lr_start_mult", "lr_end_mult")
+    def checks(self) -> list[Check]:
         return super().checks() + [
-            (0 < self.epochs <= in_memory.MAX_EPOCHS, f"epochs must be in (0, {in_memory.MAX_EPOCHS:g}]"),
+            (0 < self.epochs <= in_memory.MAX_EPOCHS, f"epochs must be in (0, {in_memory.MAX_EPOCHS:g}]", "epochs"),
             (len(self.widths) == 4 and all(1 <= w <= MAX_WIDTH for w in self.widths),
-             f"widths must be 4 numbers in [1, {MAX_WIDTH}], one per stage, e.g. 64,128,256,512"),
-            (0 <= self.translate_px <= MAX_TRANSLATE_PX, f"translate_px must be in [0, {MAX_TRANSLATE_PX}]"),
-            (0 < self.lr <= MAX_LR, f"lr must be in (0, {MAX_LR:g}]"),
-            (self.momentum > 0 or not self.nesterov, "nesterov needs momentum > 0 (or --set nesterov=false)"),
-            (0 <= self.weight_decay <= 1, "weight_decay must be in [0, 1]"),
-            (all(0 <= getattr(self, k) <= MAX_MULT for k in mults), f"{', '.join(mults)} must be in [0, {MAX_MULT:g}]"),
-            (all(0 <= getattr(self, k) <= 1 for k in fractions), f"{', '.join(fractions)} must be in [0, 1]"),
-            (self.lr_drop1_frac <= self.lr_drop2_frac, "lr_drop1_frac must be <= lr_drop2_frac"),
-            (0 < self.lr_drop_factor <= 1, "lr_drop_factor must be in (0, 1]"),
-            (0 < self.whiten_eps <= 1, "whiten_eps must be in (0, 1]"),
-            (1 <= self.whiten_images <= 10**7, "whiten_images must be in [1, 10000000]"),
-            (1 <= self.lookahead_every_steps <= 10**6, "lookahead_every_steps must be in [1, 1000000]"),
+             f"widths must be 4 numbers in [1, {MAX_WIDTH}], one per stage, e.g. 64,128,256,512", "widths"),
+            (0 <= self.translate_px <= MAX_TRANSLATE_PX, f"translate_px must be in [0, {MAX_TRANSLATE_PX}]",
+             "translate_px"),
+            (0 < self.lr <= MAX_LR, f"lr must be in (0, {MAX_LR:g}]", "lr"),
+            (self.momentum > 0 or not self.nesterov, "nesterov needs momentum > 0 (or --set nesterov=false)",
+             ("momentum", "nesterov")),
+            (0 <= self.weight_decay <= 1, "weight_decay must be in [0, 1]", "weight_decay"),
+            *[(0 <= getattr(self, k) <= MAX_MULT, f"{k} must be in [0, {MAX_MULT:g}]", k)
+              for k in ("lr_start_mult", "lr_end_mult")],
+            *[(0 <= getattr(self, k) <= 1, f"{k} must be in [0, 1]", k)
+              for k in ("lr_peak_frac", "lr_drop1_frac", "lr_drop2_frac", "lookahead_base")],
+            (self.lr_drop1_frac <= self.lr_drop2_frac, "lr_drop1_frac must be <= lr_drop2_frac",
+             ("lr_drop1_frac", "lr_drop2_frac")),
+            (0 < self.lr_drop_factor <= 1, "lr_drop_factor must be in (0, 1]", "lr_drop_factor"),
+            (0 < self.whiten_eps <= 1, "whiten_eps must be in (0, 1]", "whiten_eps"),
+            (1 <= self.whiten_images <= 10**7, "whiten_images must be in [1, 10000000]", "whiten_images"),
+            (1 <= self.lookahead_every_steps <= 10**6, "lookahead_every_steps must be in [1, 1000000]",
+             "lookahead_every_steps"),
         ]
 
 

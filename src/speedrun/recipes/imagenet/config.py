@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from speedrun.config import SYSTEM_MAY_DIFFER, ConfigError, SystemConfig
+from speedrun.config import SYSTEM_MAY_DIFFER, ConfigError, SystemConfig, refuse
 
 MAY_DIFFER_ON_RESUME = SYSTEM_MAY_DIFFER | {"eval_each_epoch", "eval_batch_size", "target_accuracy", "workers"}
 MAX_BATCH = 1 << 17
@@ -74,33 +74,33 @@ class ImagenetConfig(SystemConfig):
             value = getattr(self, f.name)
             if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= 1e4):
                 raise ConfigError(f"bad config: {f.name}={value} must be a finite number in [-1e4, 1e4]", keys=f.name)
-        checks = [
-            (self.depth in (18, 34, 50, 101, 152), "depth must be 18, 34, 50, 101 or 152"),
-            (1 <= self.width <= 1024, "width must be in [1, 1024]"),
-            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
-            (0 < self.epochs <= 10_000, "epochs must be in (0, 10000]"),
-            (self.lr_per_256 > 0 and self.weight_decay >= 0 and self.lars_trust > 0,
-             "lr_per_256 and lars_trust must be > 0, weight_decay >= 0"),
-            (0 <= self.warmup_epochs <= self.epochs, "warmup_epochs must be in [0, epochs]"),
-            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
-            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
-            (0 <= self.ema_decay < 1, "ema_decay must be in [0, 1) (0 = off)"),
-            (8 <= self.decode_px <= 1024, "decode_px must be in [8, 1024]"),
-            (0 < self.crop_min_scale <= 1, "crop_min_scale must be in (0, 1]"),
-            (all(16 <= r <= 1024 for r in (self.min_res_px, self.max_res_px, self.eval_res_px)),
-             "min_res_px, max_res_px and eval_res_px must be in [16, 1024]"),
-            (self.min_res_px <= self.max_res_px, "min_res_px must be <= max_res_px"),
+        refuse([
+            (self.depth in (18, 34, 50, 101, 152), "depth must be 18, 34, 50, 101 or 152", "depth"),
+            (1 <= self.width <= 1024, "width must be in [1, 1024]", "width"),
+            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]", "batch_size"),
+            (0 < self.epochs <= 10_000, "epochs must be in (0, 10000]", "epochs"),
+            (self.lr_per_256 > 0, "lr_per_256 must be > 0", "lr_per_256"),
+            (self.lars_trust > 0, "lars_trust must be > 0", "lars_trust"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0", "weight_decay"),
+            (0 <= self.warmup_epochs <= self.epochs, "warmup_epochs must be in [0, epochs]",
+             ("warmup_epochs", "epochs")),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)", "momentum"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)", "label_smoothing"),
+            (0 <= self.ema_decay < 1, "ema_decay must be in [0, 1) (0 = off)", "ema_decay"),
+            (8 <= self.decode_px <= 1024, "decode_px must be in [8, 1024]", "decode_px"),
+            (0 < self.crop_min_scale <= 1, "crop_min_scale must be in (0, 1]", "crop_min_scale"),
+            *[(16 <= getattr(self, k) <= 1024, f"{k} must be in [16, 1024]", k)
+              for k in ("min_res_px", "max_res_px", "eval_res_px")],
+            (self.min_res_px <= self.max_res_px, "min_res_px must be <= max_res_px", ("min_res_px", "max_res_px")),
             (0 <= self.res_ramp_start_frac <= self.res_ramp_end_frac <= 1,
-             "res_ramp_start_frac <= res_ramp_end_frac, both in [0, 1]"),
-            (1 <= self.res_step_px <= 256, "res_step_px must be in [1, 256]"),
-            (0 <= self.workers <= 256, "workers must be in [0, 256]"),
-            (0 < self.eval_crop_ratio <= 1, "eval_crop_ratio must be in (0, 1]"),
-            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
-            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1]"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"bad config: {message}")  # a check names its settings in its text alone
+             "res_ramp_start_frac <= res_ramp_end_frac, both in [0, 1]", ("res_ramp_start_frac", "res_ramp_end_frac")),
+            (1 <= self.res_step_px <= 256, "res_step_px must be in [1, 256]", "res_step_px"),
+            (0 <= self.workers <= 256, "workers must be in [0, 256]", "workers"),
+            (0 < self.eval_crop_ratio <= 1, "eval_crop_ratio must be in (0, 1]", "eval_crop_ratio"),
+            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]",
+             "eval_batch_size"),
+            (0 <= self.target_accuracy <= 1, "target_accuracy is a fraction in [0, 1]", "target_accuracy"),
+        ])
 
 
 # FFCV's published results (libffcv/ffcv-imagenet), theirs, beside each budget: (top-1, minutes, hardware).

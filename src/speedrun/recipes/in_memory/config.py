@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
-from speedrun.config import SYSTEM_MAY_DIFFER, ConfigError, SystemConfig
+from speedrun.config import SYSTEM_MAY_DIFFER, Check, ConfigError, SystemConfig, refuse
 from speedrun.data.loader import Augmentation
 from speedrun.models.custom import check_name
 
@@ -83,16 +83,17 @@ class InMemoryConfig(SystemConfig):
             if isinstance(value, float) and abs(value) > bound:
                 raise ConfigError(f"bad config: {f.name}={value:g} is outside [-{bound:g}, {bound:g}]", keys=f.name)
 
-    def checks(self) -> list[tuple[bool, str]]:
-        """(holds, what the setting must be) for the shared settings' ranges; a family adds its own."""
+    def checks(self) -> list[Check]:
+        """(holds, what the setting must be, its key) for the shared settings' ranges; a family adds its own."""
         return [
-            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]"),
-            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2"),
-            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
-            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
-            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]"),
-            (0 <= self.target_accuracy <= 1,
-             f"target_accuracy is a fraction in [0, 1], e.g. {type(self).target_accuracy:g}"),  # the family's
+            (1 <= self.batch_size <= MAX_BATCH, f"batch_size must be in [1, {MAX_BATCH}]", "batch_size"),
+            (self.tta_level in (0, 1, 2), "tta_level must be 0, 1 or 2", "tta_level"),
+            (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)", "label_smoothing"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)", "momentum"),
+            (1 <= self.eval_batch_size <= MAX_BATCH, f"eval_batch_size must be in [1, {MAX_BATCH}]",
+             "eval_batch_size"),
+            (0 <= self.target_accuracy <= 1,  # the family's default as the example
+             f"target_accuracy is a fraction in [0, 1], e.g. {type(self).target_accuracy:g}", "target_accuracy"),
         ]
 
     def user_bn_momentum(self) -> float | None:
@@ -112,13 +113,6 @@ class InMemoryConfig(SystemConfig):
     def with_epochs(self: C, epochs: float) -> C:
         """This config trained for `epochs`; the lr schedule and Lookahead's ramp are in fractions of the run."""
         return dataclasses.replace(self, epochs=epochs)
-
-
-def refuse(checks: list[tuple[bool, str]]) -> None:
-    """Raise the first failed check as one line: `bad config: <what the setting must be>`."""
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(f"bad config: {message}")  # a check names its settings in its text alone
 
 
 def final_evaluation(cfg: InMemoryConfig) -> str:
