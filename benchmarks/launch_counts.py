@@ -5,7 +5,7 @@ instruments/launch_count.py), so no GPU is needed and the numbers are those a CU
     PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/launch_counts.py \
         --json benchmarks/results/launch_counts/counts.json
 
-airbench94 (third_party/airbench-0.1.8, the unpacked PyPI sdist; benchmarks/vs_airbench.py says how) runs its own
+airbench94 (third_party/airbench-0.1.8, the unpacked PyPI sdist: python tools/fetch_airbench.py) runs its own
 train() unchanged: its CifarLoader loads tiny synthetic data onto meta (its `gpu` argument), make_net94's .cuda()
 becomes .to("meta"), its CUDA events read the host clock. Both sides: STEPS_PER_EPOCH batches of 16 an epoch (the
 last partial batch dropped by both), 4 epochs, the whitening bias frozen after 2, no per-epoch evaluation.

@@ -34,7 +34,7 @@ TRAIN = "results"  # the kind of `speedrun train` results, which carry no "bench
 BEGIN, END = markers(TRAIN)  # "<!-- results:begin -->", "<!-- results:end -->": the convention of every section
 # scripts beside this one, each with markdown(report) -> str
 BENCHMARKS = ("vs_airbench", "step_time", "ab_commits", "shard_formats", "smoke_time", "selective_tta",
-              "launch_counts")
+              "launch_counts", "step_parity")
 # speedrun commands whose --json reports are rendered here, each by its module's markdown(report) -> str
 COMMAND_REPORTS = {"bench_loader": "speedrun.instruments.bench_loader", "ensemble": "speedrun.run.ensemble"}
 # speedrun's own commands' reports

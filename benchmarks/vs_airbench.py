@@ -19,6 +19,7 @@ in its format into a temporary directory that is the working directory while air
 each call. The training split is put in one fixed random order first: an image folder lists images class by
 class, and both systems whiten from the first 5000 training images, which would otherwise all be airplanes.
 
+airbench's code: `python tools/fetch_airbench.py` unpacks its 0.1.8 sdist into third_party/ (git-ignored).
 Run (GPU only: airbench94 needs CUDA and torchvision), from the repository root:
   PYTHONPATH=src:third_party/airbench-0.1.8 python benchmarks/vs_airbench.py \
       --data /path/to/cifar10-jpeg --runs 25 --out $OUT/vs_airbench.json

@@ -6,6 +6,9 @@ and the live weights are replaced by the slow copy. decay rises over the run as 
 so it does nothing early (decay ~ 0) and averages strongly at the end; a final sync copies the average in.
 Why: averaging the last stretch of a high-lr run lands nearer the bottom of the valley than the last iterate.
 Suggested: every 5 steps, base 0.95 (airbench94). Interactions: not used with Muon in airbench94_muon.
+The final sync is airbench's: the live net takes the slow copy as the last update left it, so the steps after that
+update are dropped (1 of airbench94's 476), and a run shorter than one update ends at its initial weights (a smoke
+test's 4 steps): the rule is kept as airbench has it, so that ours trains as it does (benchmarks/step_parity.py).
 Covers every floating-point tensor of the state dict, BatchNorm running statistics included.
 """
 
