@@ -406,15 +406,15 @@ def run(args: argparse.Namespace, command: str) -> dict:
             "of each; "
             f"timed region: {TIMED_REGION}")
         for i in range(args.runs):
-            msg = f"run {i + 1}/{args.runs}"
+            msg, seed = f"run {i + 1}/{args.runs}", args.seed + i
             if train94 is not None:  # airbench first in each pair: the order within a pair is arbitrary
                 with contextlib.chdir(work), ab_context():
-                    acc, secs = airbench_run(train94, seed=i, epochs=args.epochs)
-                theirs.append({"seed": i, "accuracy": acc, "train_seconds": secs})
+                    acc, secs = airbench_run(train94, seed=seed, epochs=args.epochs)
+                theirs.append({"seed": seed, "accuracy": acc, "train_seconds": secs})
                 log(f"{msg}  airbench {100 * acc:.2f}% {secs:.3f} s")
                 save(i)
-            r = rec.module().train_run(cfg, data, device, i)
-            ours.append({"seed": i, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
+            r = rec.module().train_run(cfg, data, device, seed)
+            ours.append({"seed": seed, "accuracy": r.accuracy, "train_seconds": r.train_seconds, "steps": r.steps})
             log(f"{msg}  ours {100 * r.accuracy:.2f}% {r.train_seconds:.3f} s")
             save(i + 1)
     log(f"result: {out_path}")
@@ -429,6 +429,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="anything speedrun's load_dataset accepts: an image folder, synthetic:..., ...")
     p.add_argument("--cache-dir", help="speedrun's cache dir for --data (default $SPEEDRUN_DATA or ~/.cache/speedrun)")
     p.add_argument("--runs", type=int, default=25, help="runs of each system (default 25)")
+    p.add_argument("--seed", type=int, default=0, help="the first run's seed, for both systems; run i has seed "
+                   "SEED + i (default 0): a second invocation from --seed N adds runs the first did not make")
     p.add_argument("--out", help="result JSON (default results/<time>-vs_airbench-<data>.json)")
     p.add_argument("--db", metavar="PATH", help="also store the report in this results database, where `speedrun "
                    "report` shows the race (default: the JSON file only)")
@@ -444,6 +446,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    if not 0 <= args.seed <= 2**31:
+        p.error(f"--seed must be in [0, 2147483648], got {args.seed}")
     if args.epochs is not None and not (math.isfinite(args.epochs) and 0 < args.epochs <= 1000):
         p.error(f"--epochs must be a number in (0, 1000], got {args.epochs}")
     return args

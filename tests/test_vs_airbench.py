@@ -189,6 +189,29 @@ def test_airbench_side_with_a_stand_in(tmp_path, monkeypatch, capsys):
     assert "Time ours / airbench:" in printed
 
 
+def test_seed_starts_both_systems_runs_there(tmp_path, monkeypatch):
+    """--seed N: run i of each system has seed N + i (a second invocation adds runs the first did not make)."""
+    (tmp_path / "fake" / "airbench").mkdir(parents=True)
+    (tmp_path / "fake" / "airbench" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "airbench" / "lib_airbench94.py").write_text(FAKE_AIRBENCH)
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    monkeypatch.setattr(vs, "pick_device", lambda dry_run_cpu: torch.device("cpu"))
+    for name in ("airbench", "airbench.lib_airbench94"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    out = tmp_path / "vs.json"
+    try:
+        assert vs.main(["--data", "synthetic:train=256,test=64", "--out", str(out), "--seed", "5"]
+                       + TINY_ARGS[1:]) == 0
+        import airbench.lib_airbench94 as fake
+        calls = fake.calls
+    finally:
+        for name in ("airbench", "airbench.lib_airbench94"):
+            sys.modules.pop(name, None)
+    assert [c["seed"] for c in calls[1:]] == [5, 6]  # after the warm-up
+    report = json.loads(out.read_text())
+    assert [r["seed"] for r in report["ours"]["runs"]] == [r["seed"] for r in report["airbench"]["runs"]] == [5, 6]
+
+
 class _Loader:
     def __init__(self, path, train=True, batch_size=500, gpu=0):
         self.device = torch.device(gpu)  # raises on a machine without CUDA unless gpu is 'cpu'
