@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 
 
 # A range check of a config's settings: (holds, what the settings must be, the keys it is about).
-Check = tuple[bool, str, "str | tuple[str, ...]"]
+Check = tuple[bool, str, str | tuple[str, ...]]
 
 
 def refuse(checks: list[Check]) -> None:

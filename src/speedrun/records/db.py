@@ -105,7 +105,7 @@ def json_at(path: str) -> str:
 
 # query's SELECT: COLUMNS as stored, and `model` (the user's network, --model; "" or NULL: the recipe's own) read
 # from the stored config
-_QUERY_COLUMNS = ", ".join(COLUMNS).replace("date", "created_utc").replace("model", json_at("$.config.model"))
+_QUERY_COLUMNS = ", ".join({"date": "created_utc", "model": json_at("$.config.model")}.get(c, c) for c in COLUMNS)
 # What stored a result (its row's "kind"): `speedrun train`, its --smoke, or an instrument whose setting it is
 # (Result.kind, set by the instrument; for a file from before, result_kind of its command).
 KINDS = ("train", "smoke", "bench", "ablate", "waterfall", "to-target", "tune", "sweep")
