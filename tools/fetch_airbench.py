@@ -49,6 +49,8 @@ def fetch(url: str = URL, timeout_s: float = TIMEOUT_S) -> bytes:
 def unpack(data: bytes, folder: Path = FOLDER) -> Path:
     """The checked sdist unpacked into folder/airbench-0.1.8, made whole in a temporary folder beside it and then
     renamed into place (an interrupted unpack leaves no half folder that would pass for the real one)."""
+    if not hasattr(tarfile, "data_filter"):  # Python 3.10.12 / 3.11.4 and later have it
+        raise ValueError("this Python's tarfile has no `data` extraction filter; use Python 3.10.12, 3.11.4 or later")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / NAME
     with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as work, \
