@@ -30,8 +30,6 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import os
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -214,11 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="also write the report as JSON here")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    pythonpath = os.environ.get("PYTHONPATH")
-    command = ((f"PYTHONPATH={pythonpath} " if pythonpath else "") + "python benchmarks/step_parity.py "
-               + shlex.join(argv))
     try:
-        report = run(args, command)
+        report = run(args, vs_airbench.command_line("step_parity.py", argv))
     except (ValueError, FileNotFoundError) as e:
         print(f"step_parity.py: error: {e}", file=sys.stderr)
         return 2

@@ -453,12 +453,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def command_line(script: str, argv: list[str]) -> str:
+    """How benchmarks/<script> was run, for its report: its PYTHONPATH (where airbench came from) and arguments."""
+    pythonpath = os.environ.get("PYTHONPATH")
+    return (f"PYTHONPATH={pythonpath} " if pythonpath else "") + f"python benchmarks/{script} " + shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    pythonpath = os.environ.get("PYTHONPATH")
-    command = (f"PYTHONPATH={pythonpath} " if pythonpath else "") + "python benchmarks/vs_airbench.py "
-    command += shlex.join(argv)
+    command = command_line("vs_airbench.py", argv)
     try:
         report = run(args, command)
     except (ValueError, FileNotFoundError) as e:
