@@ -286,13 +286,19 @@ def test_evaluation_decodes_at_least_the_centre_crops_full_size(shards, monkeypa
     assert seen == [64]
 
 
-def test_a_saved_imagenet_model_predicts_and_eval_says_what_scores_it(shards, tmp_path):
+def test_a_saved_imagenet_model_predicts_and_eval_says_what_scores_it(shards, tmp_path, monkeypatch):
+    """predict takes its images; eval refuses it in one line, before reading any data (its shards may be
+    ImageNet's 150 GB)."""
     from speedrun.run.export import evaluate_saved, load
 
     train("imagenet-debug", str(shards), device="cpu", summary=False, save=str(tmp_path / "m"))
     model = load(tmp_path / "m", torch.device("cpu"))
     top = model.predict(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8), top=3)
     assert len(top) == 2 and all(len(t) == 3 and all(name.startswith("c") for name, _ in t) for t in top)
+    def no_loading(*args, **kwargs):
+        raise AssertionError("eval loaded the data before refusing the model")
+
+    monkeypatch.setattr(imagenet, "load_data", no_loading)
     with pytest.raises(ValueError, match="speedrun eval scores data held in memory"):
         evaluate_saved(tmp_path / "m", str(shards), device="cpu")
 

@@ -230,6 +230,31 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
         assert json.loads(named.read_text())["complete"] is False and len(json.loads(named.read_text())["runs"]) == 1
 
 
+@pytest.mark.parametrize("command, rows", [(["ablate", "--runs", "2"], "tricks"),
+                                           (["ablate", "--runs", "2", "--waterfall", "lookahead,flip"], "waterfall"),
+                                           (["tune", "--runs", "2", "--only", "optimizer_kernel"], "tune")])
+def test_an_instrument_stopped_part_way_keeps_its_own_rows(command, rows, tmp_path, monkeypatch):
+    """ablate's trick rows, the waterfall's steps and the doctor's verdicts are given to the kept report of the
+    runs that finished, as to a whole one: the stop does not leave a bench report under the instrument's name."""
+    from speedrun.instruments import bench
+
+    real, calls = bench.measured_run, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("this setting cannot train (--set x=...)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "measured_run", second_fails)
+    monkeypatch.setattr(bench, "warm_up", lambda *args: 0.0)
+    out = tmp_path / "r.json"
+    assert main([command[0], *CIFAR_TINY, *command[1:], "--db", str(tmp_path / "r.db"), "--json", str(out)]) == 2
+    kept = json.loads(out.read_text())
+    assert kept["complete"] is False and len(kept["order"]) == 1
+    assert kept["benchmark"] == ("waterfall" if rows == "waterfall" else command[0]) and rows in kept
+
+
 def test_rank_0s_failure_is_raised_even_when_the_peers_are_gone(monkeypatch):
     """torchrun stops the peers when it forwards a SIGTERM: telling them fails, and the SIGTERM is still what rank
     0 reports (not the failed send)."""

@@ -38,30 +38,26 @@ def ablate(request: RunRequest, *, runs: int = 3, **bench_kwargs) -> dict:
     measured, off = split_tricks(family.TRICKS, base, dev, idle)
     already_off = [{"trick": key, "off": value, "what": what, "measured": False, "idle": key in idle}
                    for key, value, what in off]
-    stopped: benching.PartialReport | None = None
-    try:
-        report = benching.bench(request, vary=[(key, [set_text(value)]) for key, value, _ in measured], runs=runs,
-                                kind="ablate", **bench_kwargs)
-    except benching.PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
-        stopped, report = e, e.report
-    report["benchmark"] = "ablate"
-    by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
-    rows = []
-    for key, off, what in measured:
-        s = by_name.get(key)
-        v = (s or {}).get("versus_baseline") or {}
-        acc, secs = v.get("accuracy"), v.get("train_seconds")
-        rows.append({"trick": key, "off": off, "what": what, "measured": s is not None,
-                     # contribution: what the trick adds = baseline - ablated (the negated difference)
-                     "gain_accuracy": None if acc is None else -acc["diff"],
-                     "gain_ci95": None if acc is None else [-acc["ci95"][1], -acc["ci95"][0]],
-                     "p": None if acc is None else acc["p"],
-                     "time_ratio_off": None if secs is None else secs["ratio"]})
-    rows.sort(key=lambda r: -(r["gain_accuracy"] if r["gain_accuracy"] is not None else float("-inf")))
-    report["tricks"] = rows + already_off
-    if stopped is not None:
-        raise stopped
-    return report
+
+    def trick_rows(report: dict) -> None:
+        report["benchmark"] = "ablate"
+        by_name = {s["name"].split("=")[0]: s for s in report["settings"][1:]}
+        rows = []
+        for key, off, what in measured:
+            s = by_name.get(key)
+            v = (s or {}).get("versus_baseline") or {}
+            acc, secs = v.get("accuracy"), v.get("train_seconds")
+            rows.append({"trick": key, "off": off, "what": what, "measured": s is not None,
+                         # contribution: what the trick adds = baseline - ablated (the negated difference)
+                         "gain_accuracy": None if acc is None else -acc["diff"],
+                         "gain_ci95": None if acc is None else [-acc["ci95"][1], -acc["ci95"][0]],
+                         "p": None if acc is None else acc["p"],
+                         "time_ratio_off": None if secs is None else secs["ratio"]})
+        rows.sort(key=lambda r: -(r["gain_accuracy"] if r["gain_accuracy"] is not None else float("-inf")))
+        report["tricks"] = rows + already_off
+
+    return benching.bench_then(trick_rows, request, vary=[(key, [set_text(value)]) for key, value, _ in measured],
+                               runs=runs, kind="ablate", **bench_kwargs)
 
 
 def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_kwargs) -> dict:
@@ -89,26 +85,22 @@ def waterfall(request: RunRequest, order: list[str], *, runs: int = 3, **bench_k
     for key in order:
         off.pop(key)
         steps.append((f"+ {key}", dict(off)))
-    stopped: benching.PartialReport | None = None
-    try:
-        report = benching.bench(request, steps=steps, runs=runs, kind="waterfall", **bench_kwargs)
-    except benching.PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
-        stopped, report = e, e.report
-    report["benchmark"] = "waterfall"
-    report["tricks_added"], rows, previous = order, [], None
-    for s in report["settings"]:
-        done = [r for r in s["runs"] if r["diverged"] is None]
-        bought = None
-        if previous is not None and len(done) >= 2 and len(previous) >= 2:
-            try:
-                bought = {key: mean_diff_test([r[key] for r in done], [r[key] for r in previous])
-                          for key in ("accuracy", "train_seconds")}
-            except ValueError:
-                bought = None
-        rows.append({"step": s["name"], "accuracy": s["accuracy"], "train_seconds": s["train_seconds"],
-                     "bought": bought})
-        previous = done
-    report["waterfall"] = rows
-    if stopped is not None:
-        raise stopped
-    return report
+
+    def step_rows(report: dict) -> None:
+        report["benchmark"] = "waterfall"
+        report["tricks_added"], rows, previous = order, [], None
+        for s in report["settings"]:
+            done = [r for r in s["runs"] if r["diverged"] is None]
+            bought = None
+            if previous is not None and len(done) >= 2 and len(previous) >= 2:
+                try:
+                    bought = {key: mean_diff_test([r[key] for r in done], [r[key] for r in previous])
+                              for key in ("accuracy", "train_seconds")}
+                except ValueError:
+                    bought = None
+            rows.append({"step": s["name"], "accuracy": s["accuracy"], "train_seconds": s["train_seconds"],
+                         "bought": bought})
+            previous = done
+        report["waterfall"] = rows
+
+    return benching.bench_then(step_rows, request, steps=steps, runs=runs, kind="waterfall", **bench_kwargs)

@@ -244,6 +244,19 @@ def bench(request: RunRequest | PreparedRun, *, vary: list[tuple[str, list[str]]
     return report
 
 
+def bench_then(finish: Callable[[dict], None], request: RunRequest | PreparedRun, **bench_kwargs) -> dict:
+    """bench(request, **bench_kwargs), then finish(report) adds an instrument's own rows (ablate's tricks, the
+    waterfall's steps, the doctor's verdicts). Stopped part way, the report of the runs that finished gets its
+    rows alike and bench's PartialReport goes on up."""
+    try:
+        report = bench(request, **bench_kwargs)
+    except PartialReport as stopped:
+        finish(stopped.report)
+        raise
+    finish(report)
+    return report
+
+
 def run_and_store(make: Callable[[Callable[[str], None]], dict], *, kind: str, recipe: str, dataset: str | None,
                   device: str, db_path: str | None, json_path: str | None, command: str,
                   log: Callable[[str], None], strict: bool = False) -> tuple[dict, Path | None, int | None]:

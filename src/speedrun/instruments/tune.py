@@ -31,7 +31,7 @@ from speedrun.config import ConfigError, check_int
 from speedrun.engine.loop import Diverged
 from speedrun.engine.system import resolve_system
 from speedrun.errors import counted, print_line
-from speedrun.instruments.bench import PartialReport, bench
+from speedrun.instruments.bench import bench_then
 from speedrun.run.prepared import MAX_RUNS, PreparedRun, RunRequest, prepare
 from speedrun.tricks.precision import default_cpu_threads, native_bf16_cpu
 
@@ -182,36 +182,34 @@ def tune(request: RunRequest, *, runs: int = 3, seed: int = 0, only: list[str] |
     steps = [("current", {})] + [(n, c) for n, c in found if n not in failed]
     if len(steps) == 1:
         raise ValueError("no setting to try runs here: " + "; ".join(f"{n} ({why})" for n, why in failed.items()))
-    stopped: PartialReport | None = None
-    try:
-        report = bench(run, steps=steps, runs=runs, seed=seed, log=log, kind="tune")
-    except PartialReport as e:  # the finished runs' report gets its rows too, then goes on up
-        stopped, report = e, e.report
-    report["benchmark"] = "tune"
-    rows = []
     current = resolve_system(cfg, dev)
-    for s in report["settings"][1:]:
-        keys = [k for k in changes[s["name"]] if k != "compile_mode"]
-        variant = run.config(changes[s["name"]])
-        # a setting may change the precision "auto" resolves to; none of the guide's does today, but a family's rule may
-        numbers = any(k in CHANGES_NUMBERS for k in keys) or resolve_system(variant, dev).precision != current.precision
-        good, verdict = _verdict(s, numbers)
-        v = s.get("versus_baseline") or {}
-        rows.append({"setting": s["name"], "guide": GUIDE.get(keys[0], keys[0]), "changes_numbers": numbers,
-                     "overrides": changes[s["name"]], "n": s["n"], "warmup_seconds": s["warmup_seconds"],
-                     "time": v.get("train_seconds"), "accuracy": v.get("accuracy"), "recommended": good,
-                     "verdict": verdict})
-    rows.sort(key=lambda r: r["time"]["ratio"] if r["time"] else float("inf"))
-    recommended: dict[str, Any] = {}
-    for r in rows:  # fastest first: the first recommended value of a key wins
-        if r["recommended"] and not any(k in recommended for k in r["overrides"]):
-            recommended.update(r["overrides"])
-    report["tune"] = {"rows": rows, "recommended": recommended,
-                      "cannot_run": [{"setting": n, "why": why} for n, why in failed.items()],
-                      "current": {"precision": current.precision, "channels_last": current.channels_last,
-                                  "compile": cfg.compile, "batch_size": cfg.batch_size,
-                                  "optimizer_kernel": cfg.optimizer_kernel,
-                                  "cpu_threads": cfg.cpu_threads or default_cpu_threads()}}
-    if stopped is not None:
-        raise stopped
-    return report
+
+    def verdict_rows(report: dict) -> None:
+        report["benchmark"] = "tune"
+        rows = []
+        for s in report["settings"][1:]:
+            keys = [k for k in changes[s["name"]] if k != "compile_mode"]
+            variant = run.config(changes[s["name"]])
+            # a setting may change the precision "auto" resolves to; none of the guide's does today, but a family's
+            # rule may
+            numbers = (any(k in CHANGES_NUMBERS for k in keys)
+                       or resolve_system(variant, dev).precision != current.precision)
+            good, verdict = _verdict(s, numbers)
+            v = s.get("versus_baseline") or {}
+            rows.append({"setting": s["name"], "guide": GUIDE.get(keys[0], keys[0]), "changes_numbers": numbers,
+                         "overrides": changes[s["name"]], "n": s["n"], "warmup_seconds": s["warmup_seconds"],
+                         "time": v.get("train_seconds"), "accuracy": v.get("accuracy"), "recommended": good,
+                         "verdict": verdict})
+        rows.sort(key=lambda r: r["time"]["ratio"] if r["time"] else float("inf"))
+        recommended: dict[str, Any] = {}
+        for r in rows:  # fastest first: the first recommended value of a key wins
+            if r["recommended"] and not any(k in recommended for k in r["overrides"]):
+                recommended.update(r["overrides"])
+        report["tune"] = {"rows": rows, "recommended": recommended,
+                          "cannot_run": [{"setting": n, "why": why} for n, why in failed.items()],
+                          "current": {"precision": current.precision, "channels_last": current.channels_last,
+                                      "compile": cfg.compile, "batch_size": cfg.batch_size,
+                                      "optimizer_kernel": cfg.optimizer_kernel,
+                                      "cpu_threads": cfg.cpu_threads or default_cpu_threads()}}
+
+    return bench_then(verdict_rows, run, steps=steps, runs=runs, seed=seed, log=log, kind="tune")

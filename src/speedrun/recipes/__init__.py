@@ -16,6 +16,9 @@ from types import ModuleType
 
 FAMILIES = {"cifar": "speedrun.recipes.cifar", "imagenet": "speedrun.recipes.imagenet",
             "cifar_resnet": "speedrun.recipes.cifar_resnet"}
+# Families whose test split streams from shards and is never held in memory: `speedrun eval` cannot score their
+# saved models (their training run's final evaluation does), and says so before it loads any data.
+STREAMED_TEST_SPLIT = frozenset({"imagenet"})
 
 
 @dataclass(frozen=True)

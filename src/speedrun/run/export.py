@@ -31,7 +31,7 @@ from speedrun.engine.system import resolve_device
 from speedrun.errors import clip, escaped_refusals, note_stopped, printable, warn
 from speedrun.models import custom
 from speedrun.paths import in_the_way, user_path
-from speedrun.recipes import RECIPES
+from speedrun.recipes import RECIPES, STREAMED_TEST_SPLIT
 from speedrun.run import model_files as files
 from speedrun.run.display import EvalProgress
 from speedrun.run.model_files import MODEL_FORMAT, MODEL_VERSION
@@ -359,12 +359,12 @@ def evaluation_data(model: TrainedModel, path: str | os.PathLike, dataset: str, 
                     image_size: int | None = None, log=None):
     """`dataset` loaded by the model's family for `speedrun eval`: refused unless its test images are held in
     memory and have the model's shape and class count; a warning where a class name differs."""
-    family = RECIPES[model.card["recipe"]].module()
-    data = family.load_data(dataset, data_dir=data_dir, image_size=image_size, log=log or (lambda line: None))
-    if not hasattr(data, "test_images"):  # a family that streams its evaluation split from shards (imagenet)
+    recipe = RECIPES[model.card["recipe"]]
+    if recipe.family in STREAMED_TEST_SPLIT:
         raise ValueError(f"speedrun eval scores data held in memory (the cifar family's); a model of "
-                         f"{model.card['recipe']} is scored by its training run's final evaluation, and `speedrun "
+                         f"{recipe.name} is scored by its training run's final evaluation, and `speedrun "
                          "predict` takes its images")
+    data = recipe.module().load_data(dataset, data_dir=data_dir, image_size=image_size, log=log or (lambda line: None))
     (c, h, w), k = model.image_shape, len(model.classes)
     if data.image_shape != model.image_shape or data.num_classes != k:
         dc, dh, dw = data.image_shape
