@@ -366,6 +366,43 @@ def test_signal_to_the_process_group_stops_quietly(signum):
     assert out == f"PARENT {expected}\n" and "Traceback" not in err and child.returncode == 0, err
 
 
+_SIGNAL_TO_ANOTHER_THREAD = """
+import signal, threading, time
+import numpy as np
+from speedrun.data import folder
+
+def slow(path, image_size, ref):
+    if path == "p0":
+        print("STARTED", flush=True)
+    time.sleep(0.05)
+    return np.zeros((4, 4), np.uint8)
+
+def interrupt_this_thread():
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+folder.read_image, folder.header_size = slow, lambda path: (4, 4)
+folder.PARALLEL_MIN, folder.CHUNK = 2, 4
+threading.Timer(1.0, interrupt_this_thread).start()
+start = time.monotonic()
+try:
+    folder.decode([f"p{i}" for i in range(2000)], workers=2)  # 50 s of decoding
+except KeyboardInterrupt:
+    print("PARENT KeyboardInterrupt after", round(time.monotonic() - start), "s", flush=True)
+"""
+
+
+def test_ctrl_c_delivered_to_another_thread_stops_the_decode(tmp_path):
+    """The kernel gives a process-wide SIGINT to any thread not blocking it (torch's, a timer's), and it always
+    does while the decoding thread blocks it to fork a worker. Python runs the handler in the main thread only when
+    that thread next runs bytecode: one blocking wait on the workers saw it at the end of the decode (a minute or
+    more for a large folder). Waiting in short slices, it stops within one."""
+    child = subprocess.run([sys.executable, "-c", _SIGNAL_TO_ANOTHER_THREAD], capture_output=True, text=True,
+                           timeout=120)
+    lines = child.stdout.splitlines()
+    assert lines[0] == "STARTED" and lines[-1].startswith("PARENT KeyboardInterrupt after"), child.stderr
+    assert int(lines[-1].split()[-2]) < 25, lines[-1]  # 50 s when the interrupt waits for the decode's end
+
+
 def test_a_worker_killed_from_outside_is_one_line_not_a_hang(monkeypatch):
     def killed_on_p9(path, image_size, ref):  # runs in the forked worker: as if the OOM killer struck there
         if path == "p9":

@@ -48,6 +48,7 @@ _GRAY_MODES = {"L", "LA", "1"}
 CHUNK = 1024  # images a worker claims at a time: ~60 claims for CIFAR-10's 60k images keep the cores balanced
 PARALLEL_MIN = 4096  # below this, starting processes costs more than it saves
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_WAIT_SLICE_S = 0.1  # how late a stop signal handled by another thread may be seen (_decode_parallel)
 # Pillow's resize first box-reduces by an integer factor while the image stays this many times larger than the
 # target, then resamples: its docs call 3.0 indistinguishable from plain resampling, and it is much faster on photos.
 _REDUCING_GAP = 3.0
@@ -494,7 +495,9 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         running = {proc.sentinel: (proc, receive) for proc, receive in procs}
         while running:
-            for sentinel in wait(list(running)):
+            # In slices: a Ctrl-C or SIGTERM the kernel gave to another thread (torch's; any thread while this one
+            # blocks them above) interrupts no wait here, and its handler runs when this thread next runs Python.
+            for sentinel in wait(list(running), timeout=_WAIT_SLICE_S):
                 proc, receive = running.pop(sentinel)
                 proc.join()
                 if proc.exitcode != 0:
