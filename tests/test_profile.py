@@ -4,9 +4,11 @@ elsewhere), MFU in every result, the phase marks, the profile's table and trace.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -71,14 +73,16 @@ def test_an_in_memory_familys_run_is_its_steps_and_its_evaluation(recipe, tiny):
 def test_the_imagenet_family_counts_each_resolution_of_its_ramp():
     from speedrun.recipes import imagenet
 
-    cfg = imagenet.debug()
+    cfg = dataclasses.replace(imagenet.debug(), min_res_px=16, max_res_px=32, res_step_px=8)  # 16, 24, 32 px
+    cfg.validate()
     data = imagenet.ShardData("d", "/nonexistent", "train", "val", tuple("ab"), num_train=4096, num_eval=100,
                               mean_t=torch.zeros(3), std_t=torch.ones(3))
     run = imagenet.flops(cfg, data)
     model = flops.on_meta(lambda: imagenet.build_model(cfg, 3, 2))
     total = steps_for(cfg.epochs, 4096, cfg.batch_size)
-    expected = sum(flops.train_step(model, (3, imagenet.res_at(cfg, s, total), imagenet.res_at(cfg, s, total)),
-                                    cfg.batch_size) for s in range(total))
+    steps_at = Counter(imagenet.res_at(cfg, s, total) for s in range(total))  # {side px: steps at it}
+    assert sorted(steps_at) == [16, 24, 32]
+    expected = sum(n * flops.train_step(model, (3, side, side), cfg.batch_size) for side, n in steps_at.items())
     assert run.steps == total and run.train == expected
 
 
