@@ -183,6 +183,20 @@ CIFAR_TINY = ["cifar10-94", "--dataset", "synthetic:train=256,test=32", "--devic
               "batch_size=64", "--set", "widths=8,16,16", "--set", "whiten_images=64"]
 
 
+def _second_call_fails(monkeypatch, module, name: str) -> list:
+    """module.name raises a one-line ValueError at its second call; returns the list its calls are counted in."""
+    real, calls = getattr(module, name), []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("this setting cannot train (--set x=...)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, second_fails)
+    return calls
+
+
 @pytest.mark.parametrize("command", [["bench", "--runs", "2", "--vary", "lookahead=false"],
                                      ["ablate", "--runs", "1", "--to-target", "--max-probes", "2"],
                                      ["train", "--runs", "3"]])
@@ -192,15 +206,7 @@ def test_an_error_in_a_later_run_keeps_the_runs_that_ended(command, tmp_path, ca
     from speedrun.instruments import bench, to_target
     from speedrun.recipes import cifar
 
-    real, calls = cifar.train_run, []
-
-    def second_fails(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise ValueError("this setting cannot train (--set x=...)")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cifar, "train_run", second_fails)
+    calls = _second_call_fails(monkeypatch, cifar, "train_run")
     # the instruments' warm-ups call train_run too: left out here, so that call 2 is the second timed run
     monkeypatch.setattr(bench, "warm_up", lambda *args: 0.0)
     monkeypatch.setattr(to_target, "warm_up", lambda *args: 0.0)
@@ -238,15 +244,7 @@ def test_an_instrument_stopped_part_way_keeps_its_own_rows(command, rows, tmp_pa
     runs that finished, as to a whole one: the stop does not leave a bench report under the instrument's name."""
     from speedrun.instruments import bench
 
-    real, calls = bench.measured_run, []
-
-    def second_fails(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise ValueError("this setting cannot train (--set x=...)")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "measured_run", second_fails)
+    _second_call_fails(monkeypatch, bench, "measured_run")
     monkeypatch.setattr(bench, "warm_up", lambda *args: 0.0)
     out = tmp_path / "r.json"
     assert main([command[0], *CIFAR_TINY, *command[1:], "--db", str(tmp_path / "r.db"), "--json", str(out)]) == 2
