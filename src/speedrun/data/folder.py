@@ -21,7 +21,6 @@ import hashlib
 import mmap
 import multiprocessing as mp
 import os
-import signal
 import stat
 import sys
 import unicodedata
@@ -38,6 +37,7 @@ from PIL import Image
 
 from speedrun.data import limits
 from speedrun.data.dataset import stored_class_names
+from speedrun.data.workers import WAIT_SLICE_S, leave_stop_signals_to_the_parent, stop_signals_blocked
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Pillow picks a decoder by the file's content, not its name: without this list an EPS file named x.png would
@@ -47,8 +47,6 @@ _FORMATS = ("JPEG", "PNG")
 _GRAY_MODES = {"L", "LA", "1"}
 CHUNK = 1024  # images a worker claims at a time: ~60 claims for CIFAR-10's 60k images keep the cores balanced
 PARALLEL_MIN = 4096  # below this, starting processes costs more than it saves
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_WAIT_SLICE_S = 0.1  # how late a stop signal handled by another thread may be seen (_decode_parallel)
 # Pillow's resize first box-reduces by an integer factor while the image stays this many times larger than the
 # target, then resamples: its docs call 3.0 indistinguishable from plain resampling, and it is much faster on photos.
 _REDUCING_GAP = 3.0
@@ -441,14 +439,11 @@ def _decode_into(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size
 
 
 def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int | None,
-            ref: tuple[str, tuple[int, int]] | None, claimed: Synchronized, errors: Connection) -> None:
+            ref: tuple[str, tuple[int, int]] | None, claimed: Synchronized, errors: Connection, parent: int) -> None:
     """A forked decode worker: claims CHUNK images at a time and decodes them straight into the shared `out`."""
-    # Leave signals to the parent. The CLI's SIGTERM handler raises to stop the run: inherited, it would print a
-    # traceback in every worker. SIG_DFL: SIGTERM ends a worker at once (it holds no lock the parent will wait for);
-    # Ctrl-C reaches the whole foreground process group, and the parent alone turns it into KeyboardInterrupt.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent across fork, see below
+    # The CLI's SIGTERM handler, inherited, would print a traceback in every worker; SIGTERM ends one at once (it
+    # holds no lock the parent will wait for), and the parent alone turns Ctrl-C into KeyboardInterrupt.
+    leave_stop_signals_to_the_parent(parent, sigterm_ends_worker=True)
     try:
         while True:
             with claimed.get_lock():
@@ -482,22 +477,18 @@ def _decode_parallel(paths: list[str], out: np.ndarray, gray: np.ndarray, image_
     try:
         for _ in range(workers):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(paths, out, gray, image_size, ref, claimed, send), daemon=True)
-            # Blocked across fork, so a signal cannot reach the worker before it has replaced the parent's handlers.
-            # It is also tracked before they are unblocked: a Ctrl-C delivered between start() and the append
-            # would leave a worker no `finally` below knows to kill, decoding on with the terminal's pipes open.
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-            try:
+            proc = ctx.Process(target=_worker, args=(paths, out, gray, image_size, ref, claimed, send, os.getpid()),
+                               daemon=True)
+            # Blocked across fork (workers.py). The worker is also tracked before they are unblocked: a Ctrl-C
+            # delivered between start() and the append would leave a worker no `finally` below knows to kill,
+            # decoding on with the terminal's pipes open.
+            with stop_signals_blocked():
                 proc.start()
                 procs.append((proc, receive))
                 send.close()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         running = {proc.sentinel: (proc, receive) for proc, receive in procs}
         while running:
-            # In slices: a Ctrl-C or SIGTERM the kernel gave to another thread (torch's; any thread while this one
-            # blocks them above) interrupts no wait here, and its handler runs when this thread next runs Python.
-            for sentinel in wait(list(running), timeout=_WAIT_SLICE_S):
+            for sentinel in wait(list(running), timeout=WAIT_SLICE_S):  # in slices: workers.py
                 proc, receive = running.pop(sentinel)
                 proc.join()
                 if proc.exitcode != 0:

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import ctypes
+import functools
 import hashlib
 import io
 import multiprocessing as mp
 import os
-import signal
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -38,13 +37,12 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from speedrun.data import folder, limits
+from speedrun.data.workers import kill_pool, leave_stop_signals_to_the_parent, stop_signals_blocked, wait_for
 from speedrun.errors import warn
 
 SPLITS = folder.SPLIT_FOLDERS
 # Prepared images waiting in memory at most: results come back in order, so a slow one holds the ones behind it.
 _IN_FLIGHT_BYTES = 256 * 2**20
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_pool_parent = 0  # the process that made the worker pool (worker_pool)
 
 
 @dataclass(frozen=True)
@@ -215,27 +213,6 @@ def fingerprint(files: list[SourceFile]) -> str:
     return h.hexdigest()
 
 
-def _init_worker() -> None:
-    # Signals are the parent's, as for folder.py's workers: Ctrl-C reaches the whole foreground process group and the
-    # parent alone turns it into KeyboardInterrupt; SIGTERM (which the CLI turns into an exception) ends a worker at
-    # once. They were blocked across the fork so that none arrives before these lines.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:
-    """A worker ends when the command does, however it ends: concurrent.futures' idle workers wait on a queue whose
-    writing end they hold themselves, so after a SIGKILL of the command they would live on, holding its files (and
-    the DST lock, were they forked under it). Linux: the kernel sends SIGKILL when the parent dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if _pool_parent and os.getppid() != _pool_parent:  # the parent died before prctl took effect (fork only)
-        os._exit(1)
-
-
 @contextlib.contextmanager
 def worker_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
     """`workers` processes, or None for 0. concurrent.futures rather than multiprocessing.Pool: a Pool whose worker
@@ -244,19 +221,21 @@ def worker_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
     if workers == 0:
         yield None
         return
-    global _pool_parent
-    _pool_parent = os.getpid()  # what a forked worker compares its parent with
     context = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None  # no re-import per worker
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
-        pool.submit(int).result()  # the first task forks the workers: now, while the signals are blocked
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    # Signals are the parent's (workers.py); SIGTERM ends a worker at once: it writes nothing of DST's. A worker
+    # lives on after a SIGKILL of the command otherwise: concurrent.futures' idle workers wait on a queue whose
+    # writing end they hold themselves, holding the command's files and the DST lock, were they forked under it.
+    initializer = functools.partial(leave_stop_signals_to_the_parent, os.getpid(), sigterm_ends_worker=True)
+    with stop_signals_blocked():
+        pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
+        wait_for(pool.submit(int))  # the first task forks the workers: now, while the signals are blocked
     try:
         yield pool
+    except BaseException:  # abandoned (Ctrl-C, an error): not waiting for the chunks the workers hold
+        kill_pool(pool)
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # what runs is a chunk per worker: under a second
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _prepare_chunk(paths: list[str], max_side_px: int, quality: int) -> list[Prepared | str]:
@@ -286,9 +265,9 @@ def prepare_all(files: list[SourceFile], pool: cf.ProcessPoolExecutor | None, wo
             paths = [f.path for f in files[start:start + chunk]]
             pending.append(pool.submit(_prepare_chunk, paths, max_side_px, quality))
             if len(pending) > 2 * workers:
-                yield from pending.popleft().result()
+                yield from wait_for(pending.popleft())
         while pending:
-            yield from pending.popleft().result()
+            yield from wait_for(pending.popleft())
     except BrokenProcessPool:
         raise ValueError("a worker process of speedrun data prepare died (killed, or out of memory?); run again "
                          "with fewer --workers or a smaller --max-side-px") from None

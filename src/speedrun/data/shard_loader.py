@@ -38,6 +38,7 @@ from PIL import Image, UnidentifiedImageError
 
 from speedrun.data.loader import Normalization, steps_for
 from speedrun.data.shards import Shards, check_listed, repair_advice
+from speedrun.data.workers import dataloader_worker_init, started
 
 MAX_DECODE_SIDE_PX = 8192  # a shard's JPEG is prepared at <= 8192 px (data/prepare.py); larger is not ours
 RRC_TRIES = 10  # torchvision's RandomResizedCrop draws up to 10 boxes before it falls back to a central crop
@@ -348,10 +349,11 @@ class ShardLoader:
         workers = self.decoding.workers
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=sampler, num_workers=workers, collate_fn=_identity, pin_memory=pin,
-            prefetch_factor=self.decoding.prefetch_batches if workers else None, persistent_workers=False)
+            prefetch_factor=self.decoding.prefetch_batches if workers else None, persistent_workers=False,
+            worker_init_fn=dataloader_worker_init())  # stop signals are the parent's (workers.py)
         pending: list[tuple[int, tuple]] = []
         step = start_step
-        for images, labels, sizes in loader:
+        for images, labels, sizes in started(loader):
             # Copy this batch while the previous one trains (non-blocking from pinned memory). Encoded images stay
             # on the host: the decoder takes host bytes and writes its output on the device.
             if self.decoding.device_decode is None:
@@ -388,8 +390,8 @@ def eval_batches(dataset: ShardImages, *, batch_size: int, res: int, crop_ratio:
     pin = device.type == "cuda"
     normalization = Normalization(mean, std, dtype, channels_last)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=workers,
-                                         collate_fn=_identity, pin_memory=pin)
-    for images, labels, sizes in loader:
+                                         collate_fn=_identity, pin_memory=pin, worker_init_fn=dataloader_worker_init())
+    for images, labels, sizes in started(loader):
         images = images.to(device, non_blocking=pin)
         yield (crop_resize(images, center_boxes(sizes, crop_ratio), None, res, normalization),
                labels.to(device, non_blocking=pin))

@@ -34,6 +34,7 @@ from speedrun.data.prepare import list_source
 from speedrun.data.shard_loader import Decoding, ShardLoader, device_decoder, random_resized_boxes
 from speedrun.data.shards import (CLASSES, PREPARED_FORMAT, Shards, listed_splits, read_classes, read_manifest,
                                   unlisted_split)
+from speedrun.data.workers import dataloader_worker_init, started
 from speedrun.engine.loop import Timer
 from speedrun.engine.system import resolve_device, synchronize
 from speedrun.errors import counted, print_line
@@ -210,9 +211,9 @@ def plain_batches(dataset: PlainImages, *, batch: int, steps: int, workers: int,
     pin = device.type == "cuda"
     sampler = plain_order(len(dataset), steps * batch, seed)  # the files check_baseline_headers checked
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-                                         pin_memory=pin)
+                                         pin_memory=pin, worker_init_fn=dataloader_worker_init())
     mean, std = MEAN.to(device).view(1, 3, 1, 1), STD.to(device).view(1, 3, 1, 1)
-    for images, labels in loader:
+    for images, labels in started(loader):
         x = images.to(device, non_blocking=pin).float().div_(255)
         yield (x - mean) / std, labels.to(device, non_blocking=pin)
 
