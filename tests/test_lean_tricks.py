@@ -191,6 +191,27 @@ def test_a_compiled_run_compiles_one_graph_per_phase():
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.slow
+def test_a_process_compiling_many_configurations_never_falls_back_to_eager(monkeypatch):
+    """bench, tune and sweep compile one network's forward at several shapes and modes in one process: past
+    dynamo's default limit of 8 graphs a function, the later runs silently ran eager code (tune's compile rows). Ten
+    static shapes of one compiled module: ten graphs, none refused."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from speedrun.tricks.precision import maybe_compile
+
+    import torch._dynamo.config as dynamo_config
+    for limit in ("recompile_limit", "accumulated_recompile_limit"):  # the process's own, back after the test
+        monkeypatch.setattr(dynamo_config, limit, getattr(dynamo_config, limit))
+    torch._dynamo.reset()
+    counters.clear()
+    net = maybe_compile(torch.nn.Linear(4, 2), True, "default")
+    for batch in range(1, 11):
+        net(torch.randn(batch, 4))
+    assert counters["stats"]["unique_graphs"] == 10, dict(counters["stats"])
+
+
 def test_a_half_weights_model_saves_in_fp32_and_loads(tmp_path):
     result = speedrun.train("cifar10-94", "synthetic:train=64,test=16", device="cpu", save=tmp_path / "m",
                             batch_size=16, widths=(8, 16, 16), whiten_images=32, tta_level=0,

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from speedrun.tricks.precision import compile_static
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
@@ -79,8 +81,8 @@ class Muon(torch.optim.Optimizer):
         self.renorm_every_steps = renorm_every_steps
         self.orthogonalize, self.orthogonalize_batched = newton_schulz, newton_schulz_batched
         if compiled:
-            self.orthogonalize = torch.compile(newton_schulz, dynamic=False)
-            self.orthogonalize_batched = torch.compile(newton_schulz_batched, dynamic=False)
+            self.orthogonalize = compile_static(newton_schulz)
+            self.orthogonalize_batched = compile_static(newton_schulz_batched)
 
     def _renormalize(self, p: torch.Tensor) -> None:
         """Rescale p to norm sqrt(c_out) before every renorm_every_steps-th step, counting from the first."""

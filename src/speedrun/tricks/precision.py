@@ -109,12 +109,30 @@ def to_channels_last(model: nn.Module, enabled: bool) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if enabled else model
 
 
+# Graphs a process may compile for one function (a network's forward, Newton-Schulz): dynamo keeps them per
+# function, whatever module instance calls it, and past its limit (8 in torch 2.13) runs that function eagerly for
+# good, with one warning. A run of cifar10-94 makes 3 (maybe_compile); runs of one configuration reuse them, but
+# each configuration with other shapes or another compile mode adds its own. `speedrun tune` alone made 12 (two
+# modes, each at its smoke run's shapes and the real ones): its later compiled runs measured eager code.
+COMPILED_GRAPHS_PER_PROCESS = 256
+
+
+def compile_static(fn, mode: str | None = None):
+    """torch.compile(fn) with static shapes, the process's limit on a function's graphs raised first (above)."""
+    import torch._dynamo.config as dynamo_config  # not at import: a run without compile never loads dynamo
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_GRAPHS_PER_PROCESS)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit,
+                                                    COMPILED_GRAPHS_PER_PROCESS)
+    return torch.compile(fn, mode=mode, dynamic=False)
+
+
 def maybe_compile(model: nn.Module, enabled: bool, mode: str = "max-autotune-no-cudagraphs") -> nn.Module:
     """torch.compile(model) when enabled, with static shapes (every batch of a run has one shape: no dynamic-shape
     graph is traced after a recompilation); the returned module shares parameters with `model`. A run's graphs:
     training with the whitening bias learning, training with it frozen (a parameter's requires_grad is guarded),
     and evaluation."""
-    return torch.compile(model, mode=mode, dynamic=False) if enabled else model
+    return compile_static(model, mode) if enabled else model
 
 
 @functools.cache
