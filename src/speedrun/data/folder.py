@@ -37,7 +37,7 @@ from PIL import Image
 
 from speedrun.data import limits
 from speedrun.data.dataset import stored_class_names
-from speedrun.data.workers import WAIT_SLICE_S, leave_stop_signals_to_the_parent, stop_signals_blocked
+from speedrun.data.workers import WAIT_SLICE_S, forked_worker, stop_signals_blocked
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 # Pillow picks a decoder by the file's content, not its name: without this list an EPS file named x.png would
@@ -443,7 +443,7 @@ def _worker(paths: list[str], out: np.ndarray, gray: np.ndarray, image_size: int
     """A forked decode worker: claims CHUNK images at a time and decodes them straight into the shared `out`."""
     # The CLI's SIGTERM handler, inherited, would print a traceback in every worker; SIGTERM ends one at once (it
     # holds no lock the parent will wait for), and the parent alone turns Ctrl-C into KeyboardInterrupt.
-    leave_stop_signals_to_the_parent(parent, sigterm_ends_worker=True)
+    forked_worker(parent)
     try:
         while True:
             with claimed.get_lock():

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from speedrun.data import folder, limits
-from speedrun.data.workers import kill_pool, leave_stop_signals_to_the_parent, stop_signals_blocked, wait_for
+from speedrun.data.workers import forked_worker, kill_pool, stop_signals_blocked, wait_for
 from speedrun.errors import warn
 
 SPLITS = folder.SPLIT_FOLDERS
@@ -225,7 +225,7 @@ def worker_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor | None]:
     # Signals are the parent's (workers.py); SIGTERM ends a worker at once: it writes nothing of DST's. A worker
     # lives on after a SIGKILL of the command otherwise: concurrent.futures' idle workers wait on a queue whose
     # writing end they hold themselves, holding the command's files and the DST lock, were they forked under it.
-    initializer = functools.partial(leave_stop_signals_to_the_parent, os.getpid(), sigterm_ends_worker=True)
+    initializer = functools.partial(forked_worker, os.getpid())
     with stop_signals_blocked():
         pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
         wait_for(pool.submit(int))  # the first task forks the workers: now, while the signals are blocked

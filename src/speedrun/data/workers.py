@@ -14,7 +14,8 @@ errors.Terminated), finishes or abandons its work, and ends its workers.
   A DataLoader worker, whose batches the parent may need to finish its current step, ignores a SIGTERM from anyone
   but its parent, and ends quietly on its parent's (torch's shutdown and multiprocessing's exit end workers with
   terminate(): ignoring those hung the parent's exit).
-- A worker dies with its parent (Linux's PR_SET_PDEATHSIG), so a SIGKILLed command leaves none behind.
+- A worker dies with its parent, so a SIGKILLed command leaves none behind: ours by Linux's PR_SET_PDEATHSIG
+  (`forked_worker`), a DataLoader's by torch's own watchdog (its parent may be a forkserver, Python 3.14's default).
 - The parent waits on its workers in slices of WAIT_SLICE_S (`wait_for`). The kernel may deliver a process-wide
   signal to any thread that does not block it (torch's, a pool's; any, while the waiting thread blocks the signals
   to fork): that interrupts no blocking call in the main thread, and CPython runs the handler only when the main
@@ -49,9 +50,19 @@ def stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def forked_worker(parent_pid: int) -> None:
+    """First thing in a worker this package forks itself (the decode's, prepare's): SIGINT ignored, SIGTERM ending
+    it at once, and it dies with `parent_pid`."""
+    leave_stop_signals_to_the_parent(parent_pid, sigterm_ends_worker=True)
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent ends its workers itself
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def leave_stop_signals_to_the_parent(parent_pid: int, *, sigterm_ends_worker: bool) -> None:
-    """In a worker, first thing: SIGINT ignored; SIGTERM ending it at once, or only when `parent_pid` sent it; the
-    worker set to die with `parent_pid`."""
+    """In a worker: SIGINT ignored; SIGTERM ending it at once, or only when `parent_pid` sent it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sigterm_ends_worker or not hasattr(signal, "sigwaitinfo"):  # macOS has none: SIGTERM ends the worker
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -59,11 +70,6 @@ def leave_stop_signals_to_the_parent(parent_pid: int, *, sigterm_ends_worker: bo
     else:
         _end_on_the_parents_sigterm(parent_pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent ends its workers itself
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _end_on_the_parents_sigterm(parent_pid: int) -> None:
