@@ -20,11 +20,10 @@ def _start(argv: list[str], env: dict, cwd) -> subprocess.Popen:
 
 
 def test_sigterm_to_the_group_during_shard_training_keeps_the_checkpoint(tmp_path):
-    """`kill -TERM -PGID` (systemd, Slurm) while imagenet-debug trains with DataLoader workers. The run promises
-    "finishing the current step, then stopping with its state kept". torch's worker SIGTERM handler re-raises a
-    SIGTERM not sent by the parent with SIG_DFL, so the workers die by the signal, and torch's SIGCHLD handler in the
-    main process raises RuntimeError("DataLoader worker ... is killed by signal: Terminated") in the middle of the
-    stop: `internal error`, exit 1, no checkpoint (or exit 143 with an "Exception ignored ... Traceback")."""
+    """`kill -TERM -PGID` (systemd, Slurm) while imagenet-debug trains with DataLoader workers: the run finishes its
+    step and keeps its state, as it says. torch's own worker handler ends a worker by a SIGTERM its parent did not
+    send, and torch's SIGCHLD handler then raises RuntimeError("DataLoader worker ... is killed by signal") in the
+    parent wherever it is: `internal error`, exit 1, no checkpoint. The workers leave the signal to the parent."""
     env = {**os.environ, "SPEEDRUN_DATA": str(tmp_path / "data"), "SPEEDRUN_DB": str(tmp_path / "r.db"),
            "SPEEDRUN_RESULTS": str(tmp_path / "results")}
     env.pop("SPEEDRUN_TRACEBACK", None)
