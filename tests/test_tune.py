@@ -339,7 +339,9 @@ def test_a_setting_that_changes_what_auto_resolves_to_is_marked_as_changing_the_
                                                   "accuracy": {"diff": -0.2, "ci95": [-0.3, -0.1], "p": 0.01}}}
                              for name, _ in steps]}
 
-    monkeypatch.setattr(doctor, "bench", fake_bench)
+    from speedrun.instruments import bench as benching
+
+    monkeypatch.setattr(benching, "bench", fake_bench)  # what tune's bench_then calls
     report = doctor.tune(RunRequest("cifar10-94", "synthetic:train=64,test=16", "cpu"), runs=2,
                          only=["compile"], log=lambda line: None)
     row = next(r for r in report["tune"]["rows"] if r["setting"] == "compile=True,compile_mode=default")

@@ -118,13 +118,13 @@ COMPILED_GRAPHS_PER_PROCESS = 256
 
 
 def compile_static(fn, mode: str | None = None):
-    """torch.compile(fn) with static shapes, the process's limit on a function's graphs raised first (above)."""
-    import torch._dynamo.config as dynamo_config  # not at import: a run without compile never loads dynamo
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, COMPILED_GRAPHS_PER_PROCESS)
-    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit,
-                                                    COMPILED_GRAPHS_PER_PROCESS)
-    return torch.compile(fn, mode=mode, dynamic=False)
+    """torch.compile(fn) with static shapes, the process's limit on a function's graphs raised (above) before its
+    first call compiles anything."""
+    compiled = torch.compile(fn, mode=mode, dynamic=False)  # loads torch._dynamo: a run without compile never does
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, COMPILED_GRAPHS_PER_PROCESS)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, COMPILED_GRAPHS_PER_PROCESS)
+    return compiled
 
 
 def maybe_compile(model: nn.Module, enabled: bool, mode: str = "max-autotune-no-cudagraphs") -> nn.Module:
